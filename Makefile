@@ -1,0 +1,10 @@
+# Builds every compiled part of the project. Each component folder that has a
+# Makefile is built by it; `make build` is what scripts/setup runs.
+SUBDIRS := $(patsubst %/Makefile,%,$(wildcard */Makefile))
+
+.PHONY: build clean lint
+build:
+	@for d in $(SUBDIRS); do $(MAKE) -s -C $$d || exit 1; done
+
+clean:
+	@for d in $(SUBDIRS); do $(MAKE) -s -C $$d clean || exit 1; done
