@@ -1,0 +1,306 @@
+"""pep-lab: the whole network of the appliance on one machine, in namespaces.
+
+   client                switch                      proxyhost                 pep (graph netns)
+ +---------+        +--------------+            +-----------------+        +-------------------+
+ | eth0    |--------| p-client     |            |                 |        |                   |
+ | .0.10   |  untagged  (VLAN 100) |  trunk     | nic0            |  c_out | c_in 198.18.0.1   |
+ +---------+        |        trunk |============| trunk_ingress:  |========|   HAProxy         |
+ +---------+        |  (BPF: tag / |  802.1Q    |  pop, redirect  |  s_out | s_in 198.19.0.1   |
+ | eth0    |--------| p-origin     |  100, 200  | port_ingress:   |========|  (TPROXY, BBR to  |
+ | .0.10   |  untagged  (VLAN 200) |            |  push, redirect |        |   clients, CUBIC  |
+ +---------+        +--------------+            +-----------------+        |   to origin)      |
+   origin (nginx :80)                              pepctl up runs here     +-------------------+
+
+client 198.18.0.10 / 2001:2:0:1::10 via 198.18.0.1; origin 198.19.0.10 / 2001:2:0:2::10 via 198.19.0.1.
+The switch has no 8021q or VLAN-filtering bridge on this kernel: it runs the
+same steering programs as the proxy host, with its access ports as the "graph".
+Every name is pl<run id>-...: two labs (or tests) never collide, and `down`
+removes only what this lab's journal says it made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import string
+import subprocess
+import sys
+
+from pepctl import runner
+from pepctl.plan import in_netns, steering_load_steps, steering_port_steps, trunk_attach_step
+from pepctl.runner import Journal, Step
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STATE_DIR = "/run/peplab"
+NODES = ("client", "switch", "proxyhost", "origin")
+ACCESS_VLAN, ORIGIN_VLAN = 100, 200
+CLIENT = ("198.18.0.10/24", "2001:2:0:1::10/64", "198.18.0.1", "2001:2:0:1::1")
+ORIGIN = ("198.19.0.10/24", "2001:2:0:2::10/64", "198.19.0.1", "2001:2:0:2::1")
+OBJECT_SIZES = {"1k": 1024, "100k": 100 * 1024, "1m": 1 << 20, "10m": 10 << 20, "50m": 50 << 20}
+
+
+def lab_name() -> str:
+    """Which lab this is: PEP_LAB (default "default"), so tests and people can run several."""
+    name = os.environ.get("PEP_LAB", "default")
+    if not name or not all(c.isalnum() or c in "-_" for c in name):
+        sys.exit(f"pep-lab: PEP_LAB={name!r}: use letters, digits, '-' and '_'")
+    return name
+
+
+class Lab:
+    def __init__(self, name: str, rid: str | None = None):
+        self.name = name
+        self.journal = Journal(os.path.join(STATE_DIR, f"{name}.json"))
+        self.rid = rid or self.journal.data.get("meta", {}).get("rid") or secrets.token_hex(3)
+        self.prefix = f"pl{self.rid}"
+        self.run_dir = os.path.join(STATE_DIR, self.rid)
+
+    def netns(self, node: str) -> str:
+        if node == "pep":
+            return f"{self.prefix}-pep"
+        if node not in NODES:
+            raise KeyError(node)
+        return f"{self.prefix}-{node}"
+
+    @property
+    def pep_config(self) -> str:
+        return os.path.join(self.run_dir, "pep.toml")
+
+    @property
+    def switch_pins(self) -> str:
+        return f"/sys/fs/bpf/{self.prefix}sw"
+
+    # -- building -----------------------------------------------------------
+    def steps(self, opts: argparse.Namespace) -> list[Step]:
+        sw, ph, cl, og = (self.netns(n) for n in ("switch", "proxyhost", "client", "origin"))
+        steps = [Step(f"create lab folder {self.run_dir}", ["mkdir", "-p", self.run_dir],
+                      undo=["@rm", self.run_dir])]
+        steps += [Step(f"create namespace {self.netns(n)}", ["ip", "netns", "add", self.netns(n)],
+                       undo=["ip", "netns", "del", self.netns(n)]) for n in NODES]
+        # Links live in the namespaces: deleting a namespace deletes them.
+        steps += [
+            Step("cable client <-> switch", ["ip", "-n", sw, "link", "add", "p-client", "type", "veth",
+                                             "peer", "name", "eth0", "netns", cl]),
+            Step("cable origin <-> switch", ["ip", "-n", sw, "link", "add", "p-origin", "type", "veth",
+                                             "peer", "name", "eth0", "netns", og]),
+            Step("cable trunk switch <-> proxyhost nic0", ["ip", "-n", sw, "link", "add", "trunk", "type", "veth",
+                                                           "peer", "name", "nic0", "netns", ph]),
+        ]
+        for ns, dev in ((sw, "p-client"), (sw, "p-origin"), (sw, "trunk"), (ph, "nic0")):
+            # Switch ports and the trunk carry frames, not addresses: no IPv6 link-local chatter.
+            steps.append(Step(f"no IPv6 on {ns}/{dev}", ["ip", "netns", "exec", ns, "sysctl", "-q", "-w",
+                                                         f"net.ipv6.conf.{dev}.disable_ipv6=1"]))
+            steps.append(Step(f"bring up {ns}/{dev}", ["ip", "-n", ns, "link", "set", dev, "up"]))
+        for ns, (a4, a6, gw4, gw6) in ((cl, CLIENT), (og, ORIGIN)):
+            steps += [
+                Step(f"bring up {ns}/lo", ["ip", "-n", ns, "link", "set", "lo", "up"]),
+                Step(f"address {a4} on {ns}/eth0", ["ip", "-n", ns, "addr", "add", a4, "dev", "eth0"]),
+                Step(f"address {a6} on {ns}/eth0", ["ip", "-n", ns, "addr", "add", a6, "dev", "eth0", "nodad"]),
+                Step(f"bring up {ns}/eth0", ["ip", "-n", ns, "link", "set", "eth0", "up"]),
+                Step(f"default route of {ns}", ["ip", "-n", ns, "route", "add", "default", "via", gw4]),
+                Step(f"IPv6 default route of {ns}", ["ip", "-6", "-n", ns, "route", "add", "default", "via", gw6]),
+            ]
+        steps.append(Step(f"no DAD in {cl}", ["ip", "netns", "exec", cl, "sysctl", "-q", "-w",
+                                              "net.ipv6.conf.all.accept_dad=0"]))
+        # The switch: the project's own steering programs, tagging its access ports.
+        steps += steering_load_steps(self.switch_pins, "trunk", sw)
+        steps += steering_port_steps(self.switch_pins, "p-client", ACCESS_VLAN, "trunk", sw)
+        steps += steering_port_steps(self.switch_pins, "p-origin", ORIGIN_VLAN, "trunk", sw)
+        steps.append(trunk_attach_step(self.switch_pins, "trunk", sw))
+        steps += self.origin_steps()
+        steps.append(Step("write the proxy host's pepctl config", ["@write", self.pep_config, self.render_pep(opts)]))
+        pepctl = [os.path.join(REPO, "scripts", "pepctl"), "-c", self.pep_config]
+        steps.append(Step(f"pepctl up in {ph}", in_netns(ph, [*pepctl, "up"]),
+                          undo=in_netns(ph, [*pepctl, "down"])))
+        return steps
+
+    def render_pep(self, opts: argparse.Namespace) -> str:
+        with open(os.path.join(REPO, "netns", "lab.toml.in")) as f:
+            template = string.Template(f.read())
+        ports = "\"all\"" if opts.ports == "all" else json.dumps(
+            [int(p) if p.isdigit() else p for p in opts.ports.split(",")])
+        return template.substitute(rid=self.rid, run_dir=self.run_dir, proxy=str(not opts.no_proxy).lower(),
+                                   interception=opts.interception, ports=ports, splice=opts.splice,
+                                   mode=opts.mode)
+
+    def origin_steps(self) -> list[Step]:
+        og = self.netns("origin")
+        www = os.path.join(self.run_dir, "www")
+        conf = os.path.join(self.run_dir, "nginx.conf")
+
+        def nginx_ready() -> bool:
+            probe = ["ip", "netns", "exec", og, "curl", "-s", "-o", "/dev/null", "-m", "1", "http://198.19.0.10/"]
+            return subprocess.run(probe, capture_output=True).returncode == 0
+
+        return [
+            Step(f"origin folder {www}", ["mkdir", "-p", www]),
+            Step("origin index page", ["@write", os.path.join(www, "index.html"),
+                                       "PEP lab origin: hello from 198.19.0.10\n"]),
+            *[Step(f"origin object /{name} ({size} random bytes)",
+                   ["sh", "-c", f"head -c {size} /dev/urandom > {os.path.join(www, name)}"])
+              for name, size in OBJECT_SIZES.items()],
+            Step("write nginx config", ["@write", conf, NGINX_CONF.format(run=self.run_dir, www=www)]),
+            Step(f"start nginx in {og}", ["ip", "netns", "exec", og, "nginx", "-c", conf, "-g", "daemon off;"],
+                 undo=["@stop-pidfile", os.path.join(self.run_dir, "nginx.pid")],
+                 background={"pidfile": os.path.join(self.run_dir, "nginx.pid"),
+                             "logfile": os.path.join(self.run_dir, "nginx.out"), "ready": nginx_ready}),
+        ]
+
+    def up(self, opts) -> int:
+        if self.journal.exists and self.journal.data.get("complete"):
+            print(f"lab {self.name} is already up (run id {self.rid}); nothing changed")
+            self.print_topology()
+            return 0
+        if self.journal.exists:
+            print(f"lab {self.name}: a previous `up` did not finish; undoing it first")
+            runner.undo_all(self.journal)
+        self.journal.data = {"complete": False, "undo": [], "meta": {"rid": self.rid, "options": vars(opts)}}
+        self.journal.save()
+        print(f"lab {self.name}: building run {self.rid}")
+        try:
+            runner.apply(self.steps(opts), self.journal)
+        except Exception as e:
+            self.forget()
+            print(f"pep-lab up: {e}\nthe lab was rolled back; nothing is left", file=sys.stderr)
+            return 1
+        except BaseException:
+            self.forget()
+            raise
+        self.journal.data["complete"] = True
+        self.journal.save()
+        self.print_topology()
+        return 0
+
+    def down(self) -> int:
+        if not self.journal.exists:
+            print(f"lab {self.name} is not up; nothing to do")
+            return 0
+        errors = runner.undo_all(self.journal, log=lambda m: None)
+        for e in errors:
+            print(f"pep-lab down: {e}", file=sys.stderr)
+        if errors:
+            return 1
+        self.forget()
+        print(f"lab {self.name} (run {self.rid}) is down")
+        return 0
+
+    def forget(self) -> None:
+        try:
+            os.unlink(self.journal.path)
+        except FileNotFoundError:
+            pass
+        try:
+            os.rmdir(STATE_DIR)
+        except OSError:
+            pass
+
+    # -- looking ------------------------------------------------------------
+    def print_topology(self) -> None:
+        p = self.prefix
+        print(f"""
+  {p}-client  198.18.0.10 2001:2:0:1::10
+      |  eth0 -- p-client (untagged; switch tags VLAN {ACCESS_VLAN})
+  {p}-switch  ==trunk== 802.1Q {ACCESS_VLAN},{ORIGIN_VLAN} ==nic0==  {p}-proxyhost
+      |  eth0 -- p-origin (untagged; switch tags VLAN {ORIGIN_VLAN})        | c_out/s_out (tc BPF steering)
+  {p}-origin  198.19.0.10 2001:2:0:2::10  nginx :80        {p}-pep  c_in 198.18.0.1 | s_in 198.19.0.1
+
+  try: ./scripts/pep-lab exec client -- curl -s http://198.19.0.10/
+       ./scripts/pep-lab status""")
+
+    def status(self, as_json: bool) -> int:
+        if not self.journal.exists:
+            print(json.dumps({"lab": self.name, "state": "down"}) if as_json else f"lab {self.name}: down")
+            return 0
+        present = {n: os.path.exists(f"/run/netns/{self.netns(n)}") for n in (*NODES, "pep")}
+        pep = subprocess.run(in_netns(self.netns("proxyhost"), [os.path.join(REPO, "scripts", "pepctl"), "-c",
+                                      self.pep_config, "status", "--json"]), capture_output=True, text=True)
+        report = {"lab": self.name, "run_id": self.rid,
+                  "state": "up" if self.journal.data.get("complete") and all(present.values()) else "damaged",
+                  "namespaces": {n: {"name": self.netns(n), "present": ok} for n, ok in present.items()},
+                  "pepctl": json.loads(pep.stdout) if pep.stdout.strip() else {"error": pep.stderr.strip()}}
+        if as_json:
+            print(json.dumps(report, indent=2))
+            return 0
+        print(f"lab {self.name} (run {self.rid}): {report['state']}")
+        for n, v in report["namespaces"].items():
+            print(f"  {n:<10} {v['name']:<20} {'present' if v['present'] else 'MISSING'}")
+        subprocess.run(in_netns(self.netns("proxyhost"), [os.path.join(REPO, "scripts", "pepctl"), "-c",
+                                self.pep_config, "status"]))
+        return 0
+
+    def exec(self, node: str, argv: list[str]) -> int:
+        if not self.journal.exists:
+            print(f"pep-lab exec: lab {self.name} is not up; run `pep-lab up` first", file=sys.stderr)
+            return 1
+        try:
+            ns = self.netns(node)
+        except KeyError:
+            print(f"pep-lab exec: unknown node {node!r}; nodes: {', '.join((*NODES, 'pep'))}", file=sys.stderr)
+            return 2
+        if not argv:
+            print("pep-lab exec: give a command after --", file=sys.stderr)
+            return 2
+        os.execvp("ip", ["ip", "netns", "exec", ns, *argv])
+
+
+NGINX_CONF = """# The lab's origin server. Written by pep-lab.
+worker_processes 2;
+pid {run}/nginx.own.pid;
+error_log {run}/nginx-error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+    log_format lab '$remote_addr $request_method $request_uri $status $body_bytes_sent';
+    access_log {run}/origin-access.log lab buffer=64k flush=200ms;
+    client_body_temp_path {run}/tmp-body;
+    proxy_temp_path {run}/tmp-proxy;
+    fastcgi_temp_path {run}/tmp-fastcgi;
+    uwsgi_temp_path {run}/tmp-uwsgi;
+    scgi_temp_path {run}/tmp-scgi;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_requests 1000000;
+    default_type application/octet-stream;
+    server {{
+        listen 80 reuseport backlog=4096;
+        listen [::]:80 reuseport backlog=4096;
+        root {www};
+        location = /upload {{ client_max_body_size 0; return 200 "ok\\n"; }}
+    }}
+}}
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pep-lab", description="the one-host lab of the PEP appliance")
+    sub = ap.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="build the lab and bring the proxy host up with pepctl")
+    up.add_argument("--no-proxy", action="store_true", help="the pep namespace only routes")
+    up.add_argument("--interception", choices=("nft", "route"), default="nft")
+    up.add_argument("--ports", default="80", help='intercepted TCP ports: "all" or a list like 80,443,8000-8080')
+    up.add_argument("--splice", choices=("both", "auto", "off"), default="both")
+    up.add_argument("--mode", choices=("tcp", "http"), default="tcp")
+    sub.add_parser("down", help="remove everything the lab made")
+    st = sub.add_parser("status", help="namespaces, steering counters, HAProxy sessions")
+    st.add_argument("--json", action="store_true")
+    ex = sub.add_parser("exec", help="run a command in a node: exec NODE -- CMD...")
+    ex.add_argument("node")
+    ex.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("pep-lab: must run as root (it creates namespaces)", file=sys.stderr)
+        return 1
+    lab = Lab(lab_name())
+    if args.command == "up":
+        return lab.up(args)
+    if args.command == "down":
+        return lab.down()
+    if args.command == "status":
+        return lab.status(args.json)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    return lab.exec(args.node, cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""pepctl: bring the PEP up on a proxy host, watch it, take it out.
+
+Nouns change nothing (`plan`, `status`); verbs change state (`up`, `down`,
+`reload`). Every run of `up` on a host that is already up with the same
+config changes nothing and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+
+from . import config as configmod
+from . import hostinfo, plan, status
+from .runner import Journal, StepError, apply, undo_all
+
+DEFAULT_CONFIG = "/etc/pep/pep.toml"
+
+
+def journal_path(cfg) -> str:
+    # Beside the instance's run folder, not in it: rolling back removes the folder.
+    return os.path.join(cfg.host.run_dir, f"{cfg.host.instance}.state.json")
+
+
+def config_hash(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def load(args):
+    info_cc = hostinfo.read("/proc/sys/net/ipv4/tcp_available_congestion_control")
+    cfg = configmod.load(args.config, available_cc=set(info_cc.split()) if info_cc else None)
+    return cfg, hostinfo.gather(cfg.host.nic)
+
+
+def cmd_plan(args, out) -> int:
+    cfg, info = load(args)
+    print(f"# pepctl plan for instance {cfg.host.instance} ({args.config})", file=out)
+    print(f"# {info.cpus_note}", file=out)
+    for step in plan.build(cfg, info):
+        print(f"# {step.what}" + ("  (skipped if already so)" if step.done else ""), file=out)
+        print(step.render(), file=out)
+    return 0
+
+
+def _forget(cfg, journal: Journal) -> None:
+    """Remove the journal and the now empty parent folders we created."""
+    try:
+        os.unlink(journal.path)
+    except FileNotFoundError:
+        pass
+    for d in (cfg.host.run_dir, cfg.host.bpf_dir):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass  # not empty (another instance) or already gone
+
+
+def cmd_up(args, out) -> int:
+    cfg, info = load(args)
+    steps = plan.build(cfg, info)
+    journal = Journal(journal_path(cfg))
+    digest = config_hash(args.config)
+    if journal.exists and journal.data.get("complete"):
+        if journal.data["meta"].get("config_sha256") != digest:
+            print(f"pepctl: instance {cfg.host.instance} is up with another config; "
+                  "run `pepctl reload` to apply changes, or `pepctl down` first", file=sys.stderr)
+            return 1
+        problems = status.problems(cfg)
+        if problems:
+            print(f"pepctl: instance {cfg.host.instance} is up but damaged: {'; '.join(problems)}. "
+                  "Run `pepctl down` then `pepctl up`.", file=sys.stderr)
+            return 1
+        print(f"instance {cfg.host.instance} is already up with this config; nothing changed", file=out)
+        return 0
+    if journal.exists:
+        print(f"a previous `up` of {cfg.host.instance} did not finish: undoing it first", file=out)
+        undo_all(journal, log=lambda m: print(m, file=out))
+    journal.data = {"complete": False, "undo": [],
+                    "meta": {"config": os.path.abspath(args.config), "config_sha256": digest}}
+    journal.save()
+    print(f"bringing up instance {cfg.host.instance} on {cfg.host.nic} ({info.cpus_note})", file=out)
+    try:
+        apply(steps, journal, log=lambda m: print(m, file=out))
+    except (StepError, OSError) as e:
+        _forget(cfg, journal)
+        print(f"pepctl up: {e}\nnothing is left of this attempt", file=sys.stderr)
+        return 1
+    except BaseException:
+        _forget(cfg, journal)
+        raise
+    journal.data["complete"] = True
+    journal.save()
+    print(f"instance {cfg.host.instance} is up: {len(cfg.graphs)} graph(s)", file=out)
+    return 0
+
+
+def cmd_down(args, out) -> int:
+    cfg = configmod.load(args.config)
+    journal = Journal(journal_path(cfg))
+    if not journal.exists:
+        print(f"instance {cfg.host.instance} is not up (no {journal.path}); nothing to do", file=out)
+        return 0
+    errors = undo_all(journal, log=lambda m: print(m, file=out))
+    if errors:
+        for e in errors:
+            print(f"pepctl down: {e}", file=sys.stderr)
+        print(f"pepctl down: {len(errors)} undo step(s) failed; the journal keeps them: re-run `pepctl down`",
+              file=sys.stderr)
+        return 1
+    _forget(cfg, journal)
+    print(f"instance {cfg.host.instance} is down", file=out)
+    return 0
+
+
+def cmd_status(args, out) -> int:
+    cfg = configmod.load(args.config)
+    report = status.collect(cfg, journal_path(cfg))
+    if args.json:
+        json.dump(report, out, indent=2)
+        print(file=out)
+    else:
+        status.print_table(report, out)
+    return 0 if report["state"] in ("up", "down") else 1
+
+
+def cmd_reload(args, out) -> int:
+    from .reload import reload
+    cfg, info = load(args)
+    return reload(cfg, info, Journal(journal_path(cfg)), config_hash(args.config), out)
+
+
+COMMANDS = {
+    "plan": (cmd_plan, "print the exact commands `up` would run; change nothing"),
+    "up": (cmd_up, "bring the instance up (no-op if already up with this config)"),
+    "down": (cmd_down, "remove everything `up` made, and nothing else"),
+    "status": (cmd_status, "report state, HAProxy sessions and steering counters"),
+    "reload": (cmd_reload, "apply a changed proxy config without dropping connections"),
+}
+
+
+def main(argv: list[str] | None = None, out=sys.stdout) -> int:
+    ap = argparse.ArgumentParser(prog="pepctl", description=__doc__.splitlines()[0])
+    ap.add_argument("-c", "--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if name == "status":
+            p.add_argument("--json", action="store_true", help="machine-readable output")
+    args = ap.parse_args(argv)
+    if args.command != "plan" and os.geteuid() != 0:
+        print(f"pepctl {args.command}: must run as root (it changes namespaces, links and BPF maps)",
+              file=sys.stderr)
+        return 1
+    try:
+        return COMMANDS[args.command][0](args, out)
+    except configmod.ConfigError as e:
+        print(f"pepctl {args.command}: invalid config:\n{e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        print(f"pepctl {args.command}: {e.filename}: no such file; give the config with -c FILE",
+              file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Facts about the host that the plan depends on, read once before planning.
+
+pepctl may run inside a network namespace entered with `nsenter --net` (the
+lab's proxy host). /sys/class/net there still shows the namespace that
+mounted /sys, so links are looked up over netlink (`ip -j`), and the NIC's
+NUMA node through its bus address, which does not depend on the namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import dataclass
+
+from .runner import run, run_json
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    nic_exists: bool
+    nic_bus: str | None          # PCI address, None for virtual NICs (veth)
+    numa_node: int | None        # None: the NIC reports no locality
+    cpus: tuple[int, ...]        # CPUs HAProxy threads are pinned to
+    cpus_note: str               # why these CPUs
+    nofile: int                  # the hard open-file limit HAProxy can raise to
+    available_cc: frozenset[str]
+
+
+def parse_cpulist(text: str) -> list[int]:
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]"""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _ip(ns: str | None) -> list[str]:
+    return ["ip", "-j"] if ns is None else ["ip", "-j", "-n", ns]
+
+
+def link_exists(name: str, ns: str | None = None) -> bool:
+    return run([*_ip(ns), "link", "show", "dev", name], check=False).returncode == 0
+
+
+def ifindex(name: str, ns: str | None = None) -> int:
+    return int(run_json([*_ip(ns), "link", "show", "dev", name])[0]["ifindex"])
+
+
+def nic_bus_address(nic: str) -> str | None:
+    proc = run(["ethtool", "-i", nic], check=False)
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "bus-info":
+            value = value.strip()
+            return value if value and value != "N/A" else None
+    return None
+
+
+def read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def gather(nic: str) -> HostInfo:
+    exists = link_exists(nic)
+    bus = nic_bus_address(nic) if exists else None
+    node = None
+    if bus:
+        raw = read(f"/sys/bus/pci/devices/{bus}/numa_node")
+        if raw is not None and int(raw) >= 0:
+            node = int(raw)
+    allowed = sorted(os.sched_getaffinity(0))
+    if node is not None:
+        local = parse_cpulist(read(f"/sys/devices/system/node/node{node}/cpulist") or "")
+        cpus = [c for c in local if c in allowed] or allowed
+        note = f"NIC {nic} is on NUMA node {node}: CPUs {cpus}"
+    else:
+        cpus = allowed
+        note = f"NIC {nic} reports no NUMA locality (virtual NIC or single node): using all CPUs {cpus}"
+    cc = frozenset((read("/proc/sys/net/ipv4/tcp_available_congestion_control") or "").split())
+    return HostInfo(exists, bus, node, tuple(cpus), note,
+                    resource.getrlimit(resource.RLIMIT_NOFILE)[1], cc)
+
+
+def maxconn_for(nofile: int) -> int:
+    """Connections one HAProxy process can hold within the open-file limit.
+
+    Each proxied connection costs two sockets, and with splice HAProxy keeps
+    up to maxconn/4 pipes of two fds each: about 2.5 fds a connection. Keep
+    200 fds for listeners, logs and the stats socket.
+    """
+    return max(int((nofile - 200) / 2.5), 25)
