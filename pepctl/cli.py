@@ -80,7 +80,8 @@ def cmd_up(args, out) -> int:
         print(f"a previous `up` of {cfg.host.instance} did not finish: undoing it first", file=out)
         undo_all(journal, log=lambda m: print(m, file=out))
     journal.data = {"complete": False, "undo": [],
-                    "meta": {"config": os.path.abspath(args.config), "config_sha256": digest}}
+                    "meta": {"config": os.path.abspath(args.config), "config_sha256": digest,
+                             "config_text": open(args.config).read()}}
     journal.save()
     print(f"bringing up instance {cfg.host.instance} on {cfg.host.nic} ({info.cpus_note})", file=out)
     try:
@@ -130,7 +131,11 @@ def cmd_status(args, out) -> int:
 def cmd_reload(args, out) -> int:
     from .reload import reload
     cfg, info = load(args)
-    return reload(cfg, info, Journal(journal_path(cfg)), config_hash(args.config), out)
+    try:
+        return reload(cfg, info, Journal(journal_path(cfg)), config_hash(args.config), out)
+    except StepError as e:
+        print(f"pepctl reload: {e}", file=sys.stderr)
+        return 1
 
 
 COMMANDS = {
