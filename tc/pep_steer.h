@@ -38,7 +38,8 @@ struct port_vlan {
 
 /* vlan_stats: PERCPU_ARRAY indexed by VID. "in" is trunk -> graph (popped),
  * "out" is graph -> trunk (pushed). A graph is its access and origin VIDs, so
- * the four directions of a graph are in/out of each of its two VIDs. */
+ * the four directions of a graph are in/out of each of its two VIDs.
+ * Bytes are the frame as the port sees it: L2, untagged, no FCS. */
 struct vlan_stats {
 	__u64 in_packets;
 	__u64 in_bytes;

@@ -20,8 +20,7 @@ import time
 
 import pytest
 from conftest import PYTHON, wait_until
-from scapy.layers.inet import ICMP, IP, UDP
-from scapy.layers.inet6 import IPv6
+from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Dot1Q, Ether
 
 LAB_OPTIONS = ["--no-proxy"]

@@ -1,0 +1,1 @@
+"""pepctl: the control plane of the PEP appliance."""

@@ -1,0 +1,381 @@
+"""A small stdlib-only wrapper of the bpf(2) syscall, for pinned maps and programs.
+
+Generic on purpose: keys and values are bytes, and the caller packs them (the layouts of
+the steering maps live in pepctl/steering.py and tc/pep_steer.h). Two layers:
+
+- functions on file descriptors (obj_get, map_lookup, map_update, ...), the thin syscall;
+- Map and Prog, which open a pinned path, learn the map's sizes from /proc/self/fdinfo,
+  check the sizes of what they are given, and name the path in every error.
+
+Every failure of the syscall raises OSError (or its errno subclass, e.g. FileNotFoundError)
+with the errno and a message "<BPF command> <path or fd>: <cause>".
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+from dataclasses import dataclass
+
+# bpf(2) syscall numbers: the generic table (arm64 and others) and x86_64.
+_NR_BPF = {"x86_64": 321, "aarch64": 280}
+
+# Commands (enum bpf_cmd in linux/bpf.h)
+BPF_MAP_LOOKUP_ELEM = 1
+BPF_MAP_UPDATE_ELEM = 2
+BPF_MAP_DELETE_ELEM = 3
+BPF_MAP_GET_NEXT_KEY = 4
+BPF_OBJ_GET = 7
+BPF_PROG_TEST_RUN = 10
+BPF_MAP_UPDATE_BATCH = 26
+
+_CMD_NAMES = {
+    BPF_MAP_LOOKUP_ELEM: "BPF_MAP_LOOKUP_ELEM",
+    BPF_MAP_UPDATE_ELEM: "BPF_MAP_UPDATE_ELEM",
+    BPF_MAP_DELETE_ELEM: "BPF_MAP_DELETE_ELEM",
+    BPF_MAP_GET_NEXT_KEY: "BPF_MAP_GET_NEXT_KEY",
+    BPF_OBJ_GET: "BPF_OBJ_GET",
+    BPF_PROG_TEST_RUN: "BPF_PROG_TEST_RUN",
+    BPF_MAP_UPDATE_BATCH: "BPF_MAP_UPDATE_BATCH",
+}
+
+# Update flags
+BPF_ANY = 0
+BPF_NOEXIST = 1
+BPF_EXIST = 2
+
+# BPF_OBJ_GET file flags
+BPF_F_RDONLY = 1 << 3
+
+# Map types whose values are one slot per possible CPU
+PERCPU_MAP_TYPES = {
+    5,   # BPF_MAP_TYPE_PERCPU_HASH
+    6,   # BPF_MAP_TYPE_PERCPU_ARRAY
+    10,  # BPF_MAP_TYPE_LRU_PERCPU_HASH
+    21,  # BPF_MAP_TYPE_PERCPU_CGROUP_STORAGE
+}
+
+_HINTS = {
+    errno.EPERM: "needs root (CAP_BPF/CAP_SYS_ADMIN)",
+    errno.EACCES: "needs root (CAP_BPF/CAP_SYS_ADMIN)",
+    errno.ENOSYS: "this kernel has no bpf(2) syscall",
+}
+
+
+# The members of union bpf_attr that we use. ctypes aligns the u64 fields as the kernel's
+# __aligned_u64 does, so these match the kernel layout on 64-bit hosts.
+class _ObjAttr(ctypes.Structure):
+    _fields_ = [
+        ("pathname", ctypes.c_uint64),
+        ("bpf_fd", ctypes.c_uint32),
+        ("file_flags", ctypes.c_uint32),
+        ("path_fd", ctypes.c_int32),
+    ]
+
+
+class _ElemAttr(ctypes.Structure):
+    _fields_ = [
+        ("map_fd", ctypes.c_uint32),
+        ("key", ctypes.c_uint64),
+        ("value", ctypes.c_uint64),  # next_key for BPF_MAP_GET_NEXT_KEY
+        ("flags", ctypes.c_uint64),
+    ]
+
+
+class _BatchAttr(ctypes.Structure):
+    _fields_ = [
+        ("in_batch", ctypes.c_uint64),
+        ("out_batch", ctypes.c_uint64),
+        ("keys", ctypes.c_uint64),
+        ("values", ctypes.c_uint64),
+        ("count", ctypes.c_uint32),
+        ("map_fd", ctypes.c_uint32),
+        ("elem_flags", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+    ]
+
+
+class _TestRunAttr(ctypes.Structure):
+    _fields_ = [
+        ("prog_fd", ctypes.c_uint32),
+        ("retval", ctypes.c_uint32),
+        ("data_size_in", ctypes.c_uint32),
+        ("data_size_out", ctypes.c_uint32),
+        ("data_in", ctypes.c_uint64),
+        ("data_out", ctypes.c_uint64),
+        ("repeat", ctypes.c_uint32),
+        ("duration", ctypes.c_uint32),
+        ("ctx_size_in", ctypes.c_uint32),
+        ("ctx_size_out", ctypes.c_uint32),
+        ("ctx_in", ctypes.c_uint64),
+        ("ctx_out", ctypes.c_uint64),
+        ("flags", ctypes.c_uint32),
+        ("cpu", ctypes.c_uint32),
+        ("batch_size", ctypes.c_uint32),
+    ]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def _bpf(cmd: int, attr: ctypes.Structure, what: str) -> int:
+    nr = _NR_BPF.get(platform.machine())
+    if nr is None:
+        raise OSError(errno.ENOSYS, f"{_CMD_NAMES[cmd]} {what}: no bpf(2) number known for "
+                                    f"{platform.machine()}; add it to pepctl/bpfsys.py _NR_BPF")
+    ret = _libc.syscall(ctypes.c_long(nr), ctypes.c_int(cmd), ctypes.byref(attr),
+                        ctypes.c_uint(ctypes.sizeof(attr)))
+    if ret < 0:
+        err = ctypes.get_errno()
+        cause = os.strerror(err)
+        if err in _HINTS:
+            cause += f" ({_HINTS[err]})"
+        raise OSError(err, f"{_CMD_NAMES[cmd]} {what}: {cause}")
+    return ret
+
+
+def _buf(data: bytes) -> ctypes.Array:
+    # create_string_buffer(bytes) would add a NUL; give it the exact size.
+    return ctypes.create_string_buffer(bytes(data), len(data))
+
+
+def _addr(buf: ctypes.Array | None) -> int:
+    return ctypes.addressof(buf) if buf is not None else 0
+
+
+def _round8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+def possible_cpus() -> int:
+    """Number of possible CPUs: the count of per-CPU slots the kernel copies for a per-CPU map."""
+    path = "/sys/devices/system/cpu/possible"
+    with open(path) as f:
+        text = f.read().strip()
+    count = 0
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        count += int(hi or lo) - int(lo) + 1
+    return count
+
+
+def obj_get(path: str, read_only: bool = False) -> int:
+    """Opens a pinned BPF object (map or program) and returns a new fd."""
+    p = ctypes.create_string_buffer(os.fsencode(path))
+    attr = _ObjAttr(pathname=_addr(p), file_flags=BPF_F_RDONLY if read_only else 0)
+    try:
+        return _bpf(BPF_OBJ_GET, attr, path)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            raise OSError(e.errno, f"{e.strerror} (is bpffs mounted at /sys/fs/bpf and the object "
+                                   f"pinned there?)") from None
+        raise
+
+
+def map_lookup(fd: int, key: bytes, value_size: int, *, name: str = "") -> bytes | None:
+    """The value at key (value_size bytes; for per-CPU maps ncpus * round8(size)), None if absent."""
+    k, v = _buf(key), ctypes.create_string_buffer(value_size)
+    attr = _ElemAttr(map_fd=fd, key=_addr(k), value=_addr(v))
+    try:
+        _bpf(BPF_MAP_LOOKUP_ELEM, attr, name or f"fd {fd}")
+    except FileNotFoundError:
+        return None
+    return v.raw
+
+
+def map_lookup_percpu(fd: int, key: bytes, value_size: int, *, name: str = "") -> list[bytes] | None:
+    """One value per possible CPU (each value_size bytes), None if key is absent."""
+    stride = _round8(value_size)
+    raw = map_lookup(fd, key, stride * possible_cpus(), name=name)
+    if raw is None:
+        return None
+    return [raw[i:i + value_size] for i in range(0, len(raw), stride)]
+
+
+def map_update(fd: int, key: bytes, value: bytes, flags: int = BPF_ANY, *, name: str = "") -> None:
+    k, v = _buf(key), _buf(value)
+    _bpf(BPF_MAP_UPDATE_ELEM, _ElemAttr(map_fd=fd, key=_addr(k), value=_addr(v), flags=flags),
+         name or f"fd {fd}")
+
+
+def map_delete(fd: int, key: bytes, *, name: str = "", missing_ok: bool = False) -> bool:
+    """Deletes key; returns False if it was absent and missing_ok, else absence raises."""
+    k = _buf(key)
+    try:
+        _bpf(BPF_MAP_DELETE_ELEM, _ElemAttr(map_fd=fd, key=_addr(k)), name or f"fd {fd}")
+    except FileNotFoundError:
+        if missing_ok:
+            return False
+        raise
+    return True
+
+
+def map_get_next_key(fd: int, key: bytes | None, key_size: int, *, name: str = "") -> bytes | None:
+    """The key after key (the first key if key is None), None at the end."""
+    k = _buf(key) if key is not None else None
+    nxt = ctypes.create_string_buffer(key_size)
+    try:
+        _bpf(BPF_MAP_GET_NEXT_KEY, _ElemAttr(map_fd=fd, key=_addr(k), value=_addr(nxt)),
+             name or f"fd {fd}")
+    except FileNotFoundError:
+        return None
+    return nxt.raw
+
+
+def map_update_batch(fd: int, keys: list[bytes], values: list[bytes], elem_flags: int = BPF_ANY,
+                     *, name: str = "") -> int:
+    """Writes all pairs in one syscall (BPF_MAP_UPDATE_BATCH); returns how many were written.
+
+    Keys (and values) must all have one size. On failure the OSError message says how many
+    pairs the kernel wrote before it stopped.
+    """
+    if len(keys) != len(values):
+        raise ValueError(f"map_update_batch {name or fd}: {len(keys)} keys but {len(values)} values")
+    if not keys:
+        return 0
+    kb, vb = _buf(b"".join(keys)), _buf(b"".join(values))
+    attr = _BatchAttr(keys=_addr(kb), values=_addr(vb), count=len(keys), map_fd=fd,
+                      elem_flags=elem_flags)
+    try:
+        _bpf(BPF_MAP_UPDATE_BATCH, attr, name or f"fd {fd}")
+    except OSError as e:
+        raise OSError(e.errno, f"{e.strerror} (after {attr.count} of {len(keys)} entries)") from None
+    return attr.count
+
+
+@dataclass
+class TestRun:
+    retval: int       # the program's return value (e.g. TC_ACT_*)
+    data: bytes       # the packet as the program left it
+    ctx: bytes | None  # ctx_out, when a ctx was given
+    duration_ns: int  # mean run time per repetition
+
+
+_CTX_OUT_MAX = 1024
+
+
+def prog_test_run(fd: int, data: bytes, *, ctx: bytes | None = None, repeat: int = 1,
+                  data_out_size: int | None = None, name: str = "") -> TestRun:
+    """Runs the program on one packet in the kernel (BPF_PROG_TEST_RUN).
+
+    ctx, for a tc program, is a leading part of struct __sk_buff; the kernel accepts only a
+    few fields (mark, priority, ingress_ifindex, ifindex, cb, tstamp, wire_len, gso_*), and an
+    ifindex > 1 must name a device of the caller's network namespace.
+    """
+    din = _buf(data)
+    dout = ctypes.create_string_buffer(data_out_size or len(data) + 256)
+    cin = _buf(ctx) if ctx else None
+    # The kernel returns its whole ctx struct (ENOSPC if ctx_out is smaller), however short
+    # the ctx given: room for any struct it has today.
+    cout = ctypes.create_string_buffer(max(len(ctx), _CTX_OUT_MAX)) if ctx else None
+    attr = _TestRunAttr(prog_fd=fd, data_size_in=len(data), data_size_out=len(dout),
+                        data_in=_addr(din), data_out=_addr(dout), repeat=repeat,
+                        ctx_size_in=len(ctx or b""), ctx_size_out=len(cout) if cout else 0,
+                        ctx_in=_addr(cin), ctx_out=_addr(cout))
+    _bpf(BPF_PROG_TEST_RUN, attr, name or f"fd {fd}")
+    return TestRun(attr.retval, dout.raw[:attr.data_size_out],
+                   cout.raw[:attr.ctx_size_out] if cout else None, attr.duration)
+
+
+def _fdinfo(fd: int) -> dict[str, str]:
+    with open(f"/proc/self/fdinfo/{fd}") as f:
+        return dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+
+
+class _Pinned:
+    """An fd opened from a pinned path; closes on exit from a with block."""
+
+    def __init__(self, path: str, read_only: bool = False):
+        self.path = path
+        self.fd = obj_get(path, read_only)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Map(_Pinned):
+    """A pinned map. For per-CPU maps, update() writes the value on every CPU."""
+
+    def __init__(self, path: str, read_only: bool = False):
+        super().__init__(path, read_only)
+        info = _fdinfo(self.fd)
+        if "map_type" not in info:
+            self.close()
+            raise ValueError(f"open map {path}: it is not a BPF map (a program?)")
+        self.type = int(info["map_type"])
+        self.key_size = int(info["key_size"])
+        self.value_size = int(info["value_size"])
+        self.max_entries = int(info["max_entries"])
+        self.percpu = self.type in PERCPU_MAP_TYPES
+
+    def _check(self, what: str, key: bytes, value: bytes | None = None) -> None:
+        if len(key) != self.key_size:
+            raise ValueError(f"{what} {self.path}: key is {len(key)} bytes, the map's are {self.key_size}")
+        if value is not None and len(value) != self.value_size:
+            raise ValueError(f"{what} {self.path}: value is {len(value)} bytes, "
+                             f"the map's are {self.value_size}")
+
+    def _percpu_value(self, value: bytes) -> bytes:
+        return value.ljust(_round8(self.value_size), b"\0") * possible_cpus()
+
+    def lookup(self, key: bytes) -> bytes | None:
+        self._check("lookup", key)
+        if self.percpu:
+            raise ValueError(f"lookup {self.path}: a per-CPU map; use lookup_percpu()")
+        return map_lookup(self.fd, key, self.value_size, name=self.path)
+
+    def lookup_percpu(self, key: bytes) -> list[bytes] | None:
+        self._check("lookup", key)
+        if not self.percpu:
+            raise ValueError(f"lookup_percpu {self.path}: not a per-CPU map; use lookup()")
+        return map_lookup_percpu(self.fd, key, self.value_size, name=self.path)
+
+    def update(self, key: bytes, value: bytes, flags: int = BPF_ANY) -> None:
+        self._check("update", key, value)
+        if self.percpu:
+            value = self._percpu_value(value)
+        map_update(self.fd, key, value, flags, name=self.path)
+
+    def delete(self, key: bytes, missing_ok: bool = False) -> bool:
+        self._check("delete", key)
+        return map_delete(self.fd, key, name=self.path, missing_ok=missing_ok)
+
+    def keys(self):
+        """Iterates the keys (for arrays: every index). Entries may change while iterating."""
+        key = map_get_next_key(self.fd, None, self.key_size, name=self.path)
+        while key is not None:
+            yield key
+            key = map_get_next_key(self.fd, key, self.key_size, name=self.path)
+
+    def update_batch(self, keys: list[bytes], values: list[bytes], elem_flags: int = BPF_ANY) -> int:
+        if len(keys) != len(values):
+            raise ValueError(f"update_batch {self.path}: {len(keys)} keys but {len(values)} values")
+        for k, v in zip(keys, values, strict=True):
+            self._check("update_batch", k, v)
+        if self.percpu:
+            values = [self._percpu_value(v) for v in values]
+        return map_update_batch(self.fd, keys, values, elem_flags, name=self.path)
+
+
+class Prog(_Pinned):
+    """A pinned program, for BPF_PROG_TEST_RUN."""
+
+    def __init__(self, path: str):
+        super().__init__(path)
+        if "prog_type" not in _fdinfo(self.fd):
+            self.close()
+            raise ValueError(f"open program {path}: it is not a BPF program (a map?)")
+
+    def test_run(self, data: bytes, ctx: bytes | None = None, repeat: int = 1) -> TestRun:
+        return prog_test_run(self.fd, data, ctx=ctx, repeat=repeat, name=self.path)

@@ -1,0 +1,725 @@
+"""pepctl's config file: parse the TOML, check everything, return frozen dataclasses.
+
+Checking collects every problem before giving up, so one run of `pepctl plan`
+shows all of them. Each problem is a FieldError naming the file, the line when
+it can be found, the field as a dotted path with 0-based list indexes
+(`graph[1].access.vlan`), the value, and what to do:
+
+    /etc/pep/pep.toml:14: graph[1].access.vlan = 4095: not a usable VLAN id; use 1-4094
+
+What this module cannot know is left to `up`: whether the NIC exists, and (when
+the caller does not pass available_cc) which congestion controls the kernel has.
+etc/pep.example.toml documents every key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+import re
+import tomllib
+from dataclasses import dataclass
+from typing import Any
+
+Iface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
+Net = ipaddress.IPv4Network | ipaddress.IPv6Network
+Addr = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+@dataclass(frozen=True)
+class Side:
+    vlan: int
+    addresses: tuple[Iface, ...]
+    prefixes: tuple[Net, ...]
+    gateways: tuple[Addr, ...]
+    congctl: str
+
+
+@dataclass(frozen=True)
+class Proxy:
+    enabled: bool
+    interception: str                         # "nft" | "route"
+    ports: tuple[tuple[int, int], ...] | None  # sorted, disjoint inclusive ranges; None = all (nft only)
+    listen_port: int                          # nft mode: the port tproxy hands flows to
+    splice: str                               # "both" | "auto" | "off"
+    mode: str                                 # "tcp" | "http"
+    threads: int                              # 0 = one per CPU of the NIC's NUMA node
+    maxconn: int                              # 0 = sized from the open-file limit
+    log_connections: bool
+    metrics_port: int                         # 0 = no Prometheus exporter
+
+
+@dataclass(frozen=True)
+class Graph:
+    name: str
+    index: int          # 0-based position among the [[graph]] tables, as in graph[i] error paths
+    access: Side
+    origin: Side
+    proxy: Proxy
+
+
+@dataclass(frozen=True)
+class Tuning:
+    irq_affinity: bool
+    rss_symmetric: bool
+    sysctls: bool
+
+
+@dataclass(frozen=True)
+class Host:
+    instance: str
+    nic: str
+    run_dir: str
+    bpf_dir: str
+    tuning: Tuning
+
+
+@dataclass(frozen=True)
+class Config:
+    path: str
+    host: Host
+    graphs: tuple[Graph, ...]
+
+
+@dataclass(frozen=True)
+class FieldError:
+    file: str
+    field: str            # dotted path; "" for whole-file problems (syntax, unreadable)
+    value: Any            # the offending value; None when the field is missing (TOML has no null)
+    message: str          # what is wrong; what to do
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        if not self.field:
+            return f"{where}: {self.message}"
+        what = self.field if self.value is None else f"{self.field} = {toml_value(self.value)}"
+        return f"{where}: {what}: {self.message}"
+
+
+class ConfigError(Exception):
+    def __init__(self, errors: list[FieldError]):
+        self.errors = list(errors)
+        super().__init__("\n".join(str(e) for e in self.errors))
+
+
+def toml_value(v: Any) -> str:
+    """A value written back the way it looks in the file, so the user can find it."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + " }"
+    return str(v)
+
+
+# --- the schema -------------------------------------------------------------------------------
+
+TOP_KEYS = ("host", "defaults", "graph")
+HOST_KEYS = ("instance", "nic", "run_dir", "bpf_dir", "tuning")
+TUNING_KEYS = ("irq_affinity", "rss_symmetric", "sysctls")
+DEFAULTS_KEYS = ("proxy",)
+GRAPH_KEYS = ("name", "access", "origin", "proxy")
+SIDE_KEYS = ("vlan", "addresses", "prefixes", "gateways", "congctl")
+PROXY_DEFAULTS: dict[str, Any] = {
+    "enabled": True,
+    "interception": "nft",
+    "ports": None,          # "all"
+    "listen_port": 50080,
+    "splice": "both",
+    "mode": "tcp",
+    "threads": 0,
+    "maxconn": 0,
+    "log_connections": False,
+    "metrics_port": 9101,
+}
+PROXY_KEYS = tuple(PROXY_DEFAULTS)
+DEFAULT_CONGCTL = {"access": "bbr", "origin": "cubic"}
+
+INSTANCE_RE = re.compile(r"[a-z][a-z0-9]{0,8}")      # prefixes link names: IFNAMSIZ is 16
+GRAPH_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,11}")
+CONGCTL_RE = re.compile(r"[a-z0-9_]{1,15}")
+MAX_THREADS = 64          # HAProxy 2.6 is built with MAX_THREADS=64 (`haproxy -vv`)
+MAX_ROUTE_PORTS = 1000    # route mode binds one listener per port and family
+ENUMS = {
+    "interception": ("nft", "route"),
+    "splice": ("both", "auto", "off"),
+    "mode": ("tcp", "http"),
+}
+
+NO_GRAPHS = "no graphs; add at least one [[graph]] table (see etc/pep.example.toml)"
+
+_INT, _BOOL, _STR, _LIST, _TABLE = "an integer", "true or false", "a string", "a list", "a table"
+
+
+def _is(v: Any, kind: str) -> bool:
+    if kind == _INT:
+        return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, {_BOOL: bool, _STR: str, _LIST: list, _TABLE: dict}[kind])
+
+
+def _type_name(v: Any) -> str:
+    for kind in (_BOOL, _INT, _STR, _LIST, _TABLE):
+        if _is(v, kind):
+            return kind
+    return "a float" if isinstance(v, float) else "a date/time"
+
+
+def merge_ranges(ranges) -> tuple[tuple[int, int], ...]:
+    """Sort inclusive ranges and merge overlapping or adjacent ones."""
+    out: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return tuple((lo, hi) for lo, hi in out)
+
+
+def in_ranges(port: int, ranges) -> bool:
+    return any(lo <= port <= hi for lo, hi in ranges)
+
+
+# --- line numbers -----------------------------------------------------------------------------
+
+_HEADER_RE = re.compile(r"\s*(\[\[?)\s*([A-Za-z0-9_.\- ]+?)\s*\]\]?\s*(?:#.*)?$")
+_KEY_RE = re.compile(r"\s*([A-Za-z0-9_.\-]+?)\s*=")
+
+
+def _line_index(text: str) -> dict[str, int]:
+    """Map dotted field paths (graph[1].access.vlan) to the line that defines them.
+
+    A cheap line scanner, not a TOML parser: it follows [table] and [[array]]
+    headers and `key =` lines, which is how people write this file. Anything
+    it cannot place falls back to its enclosing table's line (see _Reader.line).
+    """
+    index: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    table = ""
+    for no, line in enumerate(text.splitlines(), 1):
+        m = _HEADER_RE.match(line)
+        if m:
+            name = m.group(2).replace(" ", "")
+            if m.group(1) == "[[":
+                counts[name] = counts.get(name, -1) + 1
+                table = f"{name}[{counts[name]}]"
+            else:
+                # [graph.access] belongs to the latest [[graph]].
+                head, _, rest = name.partition(".")
+                table = f"{head}[{counts[head]}].{rest}" if head in counts and rest else name
+            index.setdefault(table, no)
+            continue
+        m = _KEY_RE.match(line)
+        if m and not line.lstrip().startswith("#"):
+            index.setdefault(f"{table}.{m.group(1)}" if table else m.group(1), no)
+    return index
+
+
+# --- the reader -------------------------------------------------------------------------------
+
+class _Bad:
+    """Marks a value that failed a check; its error is already recorded."""
+
+    def __repr__(self) -> str:
+        return "BAD"
+
+
+BAD: Any = _Bad()
+_REQUIRED: Any = object()
+
+
+class _Reader:
+    def __init__(self, path: str, text: str, available_cc: set[str] | None):
+        self.path = path
+        self.lines = _line_index(text)
+        self.available_cc = available_cc
+        self.errors: list[FieldError] = []
+
+    def line(self, field: str) -> int | None:
+        # graph[1].access.addresses[2] -> graph[1].access.addresses -> graph[1].access -> graph[1]
+        f = field
+        while f:
+            if f in self.lines:
+                return self.lines[f]
+            f = f[: f.rfind("[")] if f.endswith("]") else f.rpartition(".")[0]
+        return None
+
+    def error(self, field: str, value: Any, message: str) -> Any:
+        self.errors.append(FieldError(self.path, field, value, message, self.line(field)))
+        return BAD
+
+    # -- generic shape checks --
+
+    def unknown_keys(self, table: dict, where: str, known: tuple[str, ...]) -> None:
+        for key in table:
+            if key in known:
+                continue
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
+            self.error(_join(where, key), table[key], f"unknown key; {hint}")
+
+    def get(self, table: dict, where: str, key: str, kind: str, default: Any = _REQUIRED,
+            example: str = "") -> Any:
+        path = _join(where, key)
+        if key not in table:
+            if default is _REQUIRED:
+                header = f"[{_header(where)}]" if where else "the top level"
+                return self.error(path, None, f"missing; add `{key} = {example}` to {header}")
+            return default
+        value = table[key]
+        if not _is(value, kind):
+            return self.error(path, value, f"must be {kind}, not {_type_name(value)}")
+        return value
+
+    def subtable(self, table: dict, where: str, key: str, known: tuple[str, ...],
+                 required: bool = False) -> dict | Any:
+        path = _join(where, key)
+        if key not in table:
+            if required:
+                return self.error(path, None, f"missing; add a [{_header(path)}] table")
+            return {}
+        value = table[key]
+        if not isinstance(value, dict):
+            return self.error(path, value, f"must be a table ([{_header(path)}]), not {_type_name(value)}")
+        self.unknown_keys(value, path, known)
+        return value
+
+    # -- host --
+
+    def host(self, doc: dict) -> Host | Any:
+        raw = self.subtable(doc, "", "host", HOST_KEYS, required=True)
+        if raw is BAD:
+            return BAD
+        instance = self.get(raw, "host", "instance", _STR, example='"pep1"')
+        if instance is not BAD and not INSTANCE_RE.fullmatch(instance):
+            instance = self.error("host.instance", instance,
+                                  "must be 1-9 characters of a-z and 0-9, starting with a letter "
+                                  "(it prefixes every name pepctl makes), e.g. \"pep1\"")
+        nic = self.get(raw, "host", "nic", _STR, example='"eth1"')
+        if nic is not BAD and not _valid_ifname(nic):
+            nic = self.error("host.nic", nic, "not a valid interface name (1-15 characters, no '/', ':' "
+                             "or spaces); give the trunk NIC as `ip link` shows it")
+        dirs = []
+        for key, default in (("run_dir", "/run/pep"), ("bpf_dir", "/sys/fs/bpf/pep")):
+            d = self.get(raw, "host", key, _STR, default)
+            if d is not BAD and not d.startswith("/"):
+                d = self.error(f"host.{key}", d, f"must be an absolute path, e.g. \"{default}\"")
+            elif d is not BAD:
+                d = d.rstrip("/") or "/"
+            dirs.append(d)
+        traw = self.subtable(raw, "host", "tuning", TUNING_KEYS)
+        tuning: Any = BAD
+        if traw is not BAD:
+            flags = [self.get(traw, "host.tuning", k, _BOOL, True) for k in TUNING_KEYS]
+            tuning = BAD if BAD in flags else Tuning(*flags)
+        parts = [instance, nic, *dirs, tuning]
+        return BAD if any(p is BAD for p in parts) else Host(*parts)
+
+    # -- proxy --
+
+    def proxy_value(self, key: str, value: Any, path: str) -> Any:
+        """Check one proxy key on its own; cross-key checks are in proxy()."""
+        if key in ("enabled", "log_connections"):
+            return value if _is(value, _BOOL) else self.error(path, value, f"must be {_BOOL}")
+        if key in ENUMS:
+            choices = ENUMS[key]
+            if not _is(value, _STR) or value not in choices:
+                return self.error(path, value, f"must be one of {', '.join(map(json.dumps, choices))}")
+            return value
+        if key == "ports":
+            return self.ports(value, path)
+        if not _is(value, _INT):
+            return self.error(path, value, f"must be {_INT}, not {_type_name(value)}")
+        if key == "listen_port" and not 1 <= value <= 65535:
+            return self.error(path, value, "not a TCP port; use 1-65535 (default 50080)")
+        if key == "metrics_port" and not 0 <= value <= 65535:
+            return self.error(path, value, "not a TCP port; use 1-65535, or 0 for no metrics")
+        if key == "threads" and not 0 <= value <= MAX_THREADS:
+            return self.error(path, value, f"use 1-{MAX_THREADS} threads (HAProxy's limit), "
+                              "or 0 for one per CPU of the NIC's NUMA node")
+        if key == "maxconn" and value < 0:
+            return self.error(path, value, "must not be negative; use 0 to size it from the open-file limit")
+        return value
+
+    def ports(self, value: Any, path: str) -> Any:
+        """"all" -> None; [80, "8000-8080"] -> ((80, 80), (8000, 8080))."""
+        if value == "all":
+            return None
+        if not _is(value, _LIST):
+            return self.error(path, value, 'must be "all" or a list like [80, 443, "8000-8080"]')
+        if not value:
+            return self.error(path, value, 'empty; list at least one port, or use "all"')
+        ranges = []
+        for i, item in enumerate(value):
+            r = _port_range(item)
+            if isinstance(r, str):
+                self.error(f"{path}[{i}]", item, r)
+            else:
+                ranges.append(r)
+        return merge_ranges(ranges) if len(ranges) == len(value) else BAD
+
+    def defaults_proxy(self, doc: dict) -> dict[str, Any]:
+        """[defaults.proxy]: checked once here, so a bad default is reported once, not per graph."""
+        draw = self.subtable(doc, "", "defaults", DEFAULTS_KEYS)
+        if draw is BAD:
+            return {}
+        praw = self.subtable(draw, "defaults", "proxy", PROXY_KEYS)
+        if praw is BAD:
+            return {}
+        return {k: self.proxy_value(k, v, f"defaults.proxy.{k}") for k, v in praw.items() if k in PROXY_KEYS}
+
+    def proxy(self, graw: dict, where: str, defaults: dict[str, Any]) -> Proxy | Any:
+        path = f"{where}.proxy"
+        praw = self.subtable(graw, where, "proxy", PROXY_KEYS)
+        if praw is BAD:
+            return BAD
+        v: dict[str, Any] = {}
+        origin: dict[str, str] = {}  # where each value came from, for error paths
+        for key in PROXY_KEYS:
+            if key in praw:
+                v[key] = self.proxy_value(key, praw[key], f"{path}.{key}")
+            else:
+                v[key] = defaults.get(key, PROXY_DEFAULTS[key])
+            origin[key] = f"{path}.{key}" if key in praw or key not in defaults else f"defaults.proxy.{key}"
+
+        def fail(key: str, msg: str) -> None:
+            # Report at this graph's path even if the value came from [defaults.proxy]: the
+            # conflict is between keys of this graph. Name where the value came from.
+            src = "" if origin[key].startswith(where) else f" (from {origin[key]})"
+            shown = "all" if key == "ports" and v[key] is None else v[key]
+            if key == "ports" and v[key] is not None:
+                shown = [lo if lo == hi else f"{lo}-{hi}" for lo, hi in v[key]]
+            self.error(f"{path}.{key}", shown, msg + src)
+            v[key] = BAD
+
+        mode, ports, listen, metrics = v["interception"], v["ports"], v["listen_port"], v["metrics_port"]
+        if mode == "route" and ports is None:
+            fail("ports", 'interception = "route" needs a list of ports (HAProxy binds each one); '
+                 'set ports = [80, 443] or use interception = "nft"')
+        elif mode == "route" and ports is not BAD and _count(ports) > MAX_ROUTE_PORTS:
+            fail("ports", f'interception = "route" binds one listener per port: at most {MAX_ROUTE_PORTS} '
+                 'ports; use interception = "nft" for large port sets')
+        if mode == "nft" and ports not in (None, BAD) and listen is not BAD and in_ranges(listen, ports):
+            fail("listen_port", f"is also an intercepted port (ports); the tproxy listener needs a port of "
+                 f"its own: pick one outside ports (default {PROXY_DEFAULTS['listen_port']})")
+        if metrics not in (0, BAD):
+            if mode == "nft" and metrics == listen:
+                fail("metrics_port", "collides with listen_port; pick another port, or 0 for no metrics")
+            elif mode == "route" and ports not in (None, BAD) and in_ranges(metrics, ports):
+                fail("metrics_port", "is also an intercepted port (ports), which HAProxy binds on every "
+                     "address; pick a port outside ports, or 0 for no metrics")
+        values = [v[k] for k in PROXY_KEYS]
+        return BAD if any(x is BAD for x in values) else Proxy(*values)
+
+    # -- sides --
+
+    def side(self, graw: dict, where: str, name: str) -> Side | Any:
+        path = f"{where}.{name}"
+        raw = self.subtable(graw, where, name, SIDE_KEYS, required=True)
+        if raw is BAD:
+            return BAD
+        vlan = self.get(raw, path, "vlan", _INT, example="100")
+        if vlan is not BAD and not 1 <= vlan <= 4094:
+            vlan = self.error(f"{path}.vlan", vlan, "not a usable VLAN id; use 1-4094")
+        addresses = self.addresses(raw, path)
+        prefixes = self.prefixes(raw, path, addresses)
+        gateways = self.gateways(raw, path, addresses)
+        if BAD not in (prefixes, gateways, addresses):
+            self.unreachable_prefixes(path, addresses, prefixes, gateways)
+        congctl = self.get(raw, path, "congctl", _STR, DEFAULT_CONGCTL[name])
+        if congctl is not BAD:
+            if not CONGCTL_RE.fullmatch(congctl):
+                congctl = self.error(f"{path}.congctl", congctl, "not a congestion control name; "
+                                     "see /proc/sys/net/ipv4/tcp_available_congestion_control")
+            elif self.available_cc is not None and congctl not in self.available_cc:
+                congctl = self.error(f"{path}.congctl", congctl, "this kernel does not offer it; use one of "
+                                     f"{', '.join(sorted(self.available_cc))}")
+        parts = [vlan, addresses, prefixes, gateways, congctl]
+        return BAD if any(p is BAD for p in parts) else Side(*parts)
+
+    def strings(self, raw: dict, path: str, key: str, default: Any) -> list[tuple[str, Any]] | Any:
+        """A list of strings as (field path, value) pairs; bad items are reported and left out."""
+        items = self.get(raw, path, key, _LIST, default, example='["198.18.0.1/24", "2001:2:0:1::1/64"]')
+        if items is BAD or items is default:
+            return items
+        out = []
+        for i, item in enumerate(items):
+            if not _is(item, _STR):
+                self.error(f"{path}.{key}[{i}]", item, f"must be a string, not {_type_name(item)}")
+            else:
+                out.append((f"{path}.{key}[{i}]", item))
+        return out if len(out) == len(items) else BAD
+
+    def addresses(self, raw: dict, path: str) -> tuple[Iface, ...] | Any:
+        items = self.strings(raw, path, "addresses", _REQUIRED)
+        if items is BAD:
+            return BAD
+        if not items:
+            return self.error(f"{path}.addresses", [], "empty; give this side's own address with its "
+                              'prefix length, e.g. ["198.18.0.1/24"]')
+        out: list[Iface] = []
+        for field, text in items:
+            msg = _address_problem(text)
+            if not msg and ipaddress.ip_interface(text) in out:
+                msg = "listed twice; remove one"
+            if msg:
+                self.error(field, text, msg)
+            else:
+                out.append(ipaddress.ip_interface(text))
+        return tuple(out) if len(out) == len(items) else BAD
+
+    def prefixes(self, raw: dict, path: str, addresses: Any) -> tuple[Net, ...] | Any:
+        items = self.strings(raw, path, "prefixes", None)
+        if items is BAD:
+            return BAD
+        if items is None:  # default: the subnets of the addresses (directly connected)
+            return BAD if addresses is BAD else tuple(dict.fromkeys(a.network for a in addresses))
+        if not items:
+            return self.error(f"{path}.prefixes", [], "empty; leave prefixes out to route just the "
+                              "subnets of addresses, or list the networks on this side")
+        out: list[Net] = []
+        for field, text in items:
+            try:
+                out.append(ipaddress.ip_network(text))
+            except ValueError:
+                try:
+                    net = ipaddress.ip_network(text, strict=False)
+                    self.error(field, text, f'has host bits set; write the network, "{net}"')
+                except ValueError:
+                    self.error(field, text, 'not a network; write it like "198.18.0.0/16" or "2001:2::/48"')
+        return tuple(dict.fromkeys(out)) if len(out) == len(items) else BAD
+
+    def gateways(self, raw: dict, path: str, addresses: Any) -> tuple[Addr, ...] | Any:
+        items = self.strings(raw, path, "gateways", [])
+        if items is BAD:
+            return BAD
+        out: list[Addr] = []
+        seen: dict[int, str] = {}
+        for field, text in items:
+            try:
+                gw = ipaddress.ip_address(text)
+            except ValueError:
+                self.error(field, text, "not an IP address; write a router's address like \"198.19.0.254\"")
+                continue
+            if addresses is not BAD:
+                if any(gw == a.ip for a in addresses):
+                    self.error(field, text, "is this side's own address; give the next router's address")
+                    continue
+                if not any(gw in a.network for a in addresses if a.version == gw.version):
+                    self.error(field, text, "not inside any subnet of this side's addresses; a gateway must "
+                               "be directly reachable: fix it or add an address in its subnet")
+                    continue
+            if gw.version in seen:
+                self.error(field, text, f"second IPv{gw.version} gateway (first is {seen[gw.version]}); "
+                           "give at most one gateway per address family")
+                continue
+            seen[gw.version] = field
+            out.append(gw)
+        return tuple(out) if len(out) == len(items) else BAD
+
+    def unreachable_prefixes(self, path: str, addresses, prefixes, gateways) -> None:
+        """A prefix outside the connected subnets needs a gateway of its family to route to."""
+        families = {gw.version for gw in gateways}
+        for i, net in enumerate(prefixes):
+            onlink = any(net.subnet_of(a.network) for a in addresses if a.version == net.version)
+            if not onlink and net.version not in families:
+                self.error(f"{path}.prefixes[{i}]", str(net), f"not inside this side's subnets and there is "
+                           f"no IPv{net.version} gateway to route it to; add one to {path}.gateways")
+
+    # -- graphs --
+
+    def graphs(self, doc: dict, defaults: dict[str, Any]) -> list[Graph | Any]:
+        if "graph" not in doc:
+            self.error("graph", None, NO_GRAPHS)
+            return []
+        raw = doc["graph"]
+        if isinstance(raw, dict):
+            self.error("graph", raw, "must be an array of tables: write [[graph]], not [graph]")
+            return []
+        if not isinstance(raw, list) or not all(isinstance(g, dict) for g in raw):
+            self.error("graph", raw, "must be an array of [[graph]] tables")
+            return []
+        if not raw:
+            self.error("graph", raw, NO_GRAPHS)
+            return []
+        out = []
+        for i, graw in enumerate(raw):
+            where = f"graph[{i}]"
+            self.unknown_keys(graw, where, GRAPH_KEYS)
+            name = self.get(graw, where, "name", _STR, f"g{i}")
+            if name is not BAD and not GRAPH_NAME_RE.fullmatch(name):
+                name = self.error(f"{where}.name", name, "must be 1-12 characters of a-z, 0-9 and '-', "
+                                  "starting with a letter or digit, e.g. \"g1\"")
+            access = self.side(graw, where, "access")
+            origin = self.side(graw, where, "origin")
+            proxy = self.proxy(graw, where, defaults)
+            parts = [name, i, access, origin, proxy]
+            out.append(BAD if any(p is BAD for p in parts) else Graph(*parts))
+        self.cross_checks(raw)
+        return out
+
+    def cross_checks(self, raw: list[dict]) -> None:
+        """Checks across sides and graphs; they use the raw values that passed their own checks."""
+        names: dict[str, str] = {}
+        vlans: dict[int, str] = {}
+        access_nets: list[tuple[Net, str, str]] = []   # of every graph's access side, see _side_nets
+        for i, graw in enumerate(raw):
+            where = f"graph[{i}]"
+            name = graw.get("name", f"g{i}")
+            if isinstance(name, str):
+                if name in names:
+                    implicit = "" if "name" in graw else f" (the default name of {where}: give it a name)"
+                    self.error(f"{where}.name", name, f"already the name of {names[name]}; graph names must "
+                               f"be unique{implicit}")
+                else:
+                    names[name] = where
+            sides = {s: graw.get(s) for s in ("access", "origin")}
+            for s, sraw in sides.items():
+                vlan = sraw.get("vlan") if isinstance(sraw, dict) else None
+                if not (_is(vlan, _INT) and 1 <= vlan <= 4094):
+                    continue
+                field = f"{where}.{s}.vlan"
+                if vlan in vlans:
+                    first = vlans[vlan]
+                    if first == f"{where}.access.vlan":
+                        self.error(field, vlan, "same VLAN as the access side; access and origin must be "
+                                   "different VLANs")
+                    else:
+                        self.error(field, vlan, f"already used by {first}; every side of every graph needs "
+                                   "a VLAN of its own")
+                else:
+                    vlans[vlan] = field
+            nets = {s: _side_nets(sraw, f"{where}.{s}") for s, sraw in sides.items()}
+            for anet, afield, atext in nets["access"]:
+                for onet, ofield, otext in nets["origin"]:
+                    # The origin side is usually the default route (0.0.0.0/0, ::/0): it contains
+                    # the access prefixes on purpose, and the longer access prefix wins.
+                    if onet.prefixlen == 0 and anet.prefixlen > 0:
+                        continue
+                    if anet.version == onet.version and anet.overlaps(onet):
+                        self.error(ofield, otext, f'overlaps {afield} = "{atext}"; a network is on the '
+                                   "access side or the origin side, not both")
+                for other, ofield, otext in access_nets:
+                    if anet.version == other.version and anet.overlaps(other):
+                        self.error(afield, atext, f'overlaps {ofield} = "{otext}"; subscribers of two '
+                                   "graphs cannot share a network")
+            access_nets += nets["access"]
+
+
+def _side_nets(sraw: Any, path: str) -> list[tuple[Net, str, str]]:
+    """The networks a side owns, as (network, field, text in the file): its prefixes, and the
+    subnets of its addresses that no prefix but a default route covers (they get connected
+    routes). Unparsable ones are left out: their own check reported them."""
+    if not isinstance(sraw, dict):
+        return []
+    out: list[tuple[Net, str, str]] = []
+    for key in ("prefixes", "addresses"):
+        items = sraw.get(key)
+        for i, text in enumerate(items if isinstance(items, list) else []):
+            try:
+                net = ipaddress.ip_network(text, strict=key == "prefixes")
+            except (ValueError, TypeError):
+                continue
+            if not any(net.version == n.version and n.prefixlen and net.subnet_of(n) for n, _, _ in out):
+                out.append((net, f"{path}.{key}[{i}]", text))
+    return out
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _header(path: str) -> str:
+    """graph[1].access -> graph.access: how the table header is written in the file."""
+    return re.sub(r"\[\d+\]", "", path)
+
+
+def _valid_ifname(name: str) -> bool:
+    return 0 < len(name.encode()) < 16 and name not in (".", "..") and not re.search(r"[\s/:]", name)
+
+
+def _count(ranges) -> int:
+    return sum(hi - lo + 1 for lo, hi in ranges)
+
+
+def _port_range(item: Any) -> tuple[int, int] | str:
+    """80, "80" or "8000-8080" -> (lo, hi); otherwise the message saying what is wrong."""
+    usage = 'use a port 1-65535 or a range like "8000-8080"'
+    if _is(item, _INT):
+        lo = hi = item
+    elif _is(item, _STR) and re.fullmatch(r"\s*\d+\s*(-\s*\d+\s*)?", item):
+        lo_s, _, hi_s = item.partition("-")
+        lo, hi = int(lo_s), int(hi_s or lo_s)
+    else:
+        return f"not a port; {usage}"
+    if not (1 <= lo <= 65535 and 1 <= hi <= 65535):
+        return f"out of range; {usage}"
+    if lo > hi:
+        return f"range runs backwards; write it low-high, \"{hi}-{lo}\""
+    return (lo, hi)
+
+
+def _address_problem(text: str) -> str | None:
+    """What is wrong with an interface address like "198.18.0.1/24", or None."""
+    if "/" not in text:
+        return "needs its prefix length, e.g. \"198.18.0.1/24\" or \"2001:2:0:1::1/64\""
+    try:
+        iface = ipaddress.ip_interface(text)
+    except ValueError:
+        return "not an address with prefix length; write it like \"198.18.0.1/24\" or \"2001:2:0:1::1/64\""
+    net = iface.network
+    # /31, /32, /127 and /128 have no network or broadcast address to avoid.
+    if net.num_addresses > 2:
+        if iface.ip == net.network_address:
+            return f"is the network address of {net}; use a host address in it"
+        if iface.version == 4 and iface.ip == net.broadcast_address:
+            return f"is the broadcast address of {net}; use a host address in it"
+    return None
+
+
+# --- entry points -----------------------------------------------------------------------------
+
+def parse(text: str, path: str, *, available_cc: set[str] | None = None) -> Config:
+    """Check a config's text; path is only used in messages and Config.path."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        msg = str(e)
+        m = re.search(r"\s*\(at line (\d+), column (\d+)\)$", msg)
+        line = int(m.group(1)) if m else None
+        if m:
+            msg = f"{msg[: m.start()]} (column {m.group(2)})"
+        err = FieldError(path, "", None, f"TOML syntax error: {msg}; fix the syntax", line)
+        raise ConfigError([err]) from None
+    r = _Reader(path, text, available_cc)
+    r.unknown_keys(doc, "", TOP_KEYS)
+    host = r.host(doc)
+    defaults = r.defaults_proxy(doc)
+    graphs = r.graphs(doc, defaults)
+    if r.errors:
+        # In file order, so they read alongside the file; unplaceable ones first.
+        raise ConfigError(sorted(r.errors, key=lambda e: e.line or 0))
+    return Config(path, host, tuple(graphs))
+
+
+def load(path: str, *, available_cc: set[str] | None = None) -> Config:
+    """Read and check a config file. A missing file raises FileNotFoundError (the CLI says so)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise ConfigError([FieldError(path, "", None, f"cannot read: {e.strerror}; check the path and "
+                                      "its permissions")]) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ConfigError([FieldError(path, "", None, "not UTF-8 text; save the file as UTF-8",
+                                      line)]) from None
+    return parse(text, path, available_cc=available_cc)

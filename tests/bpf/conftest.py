@@ -1,0 +1,118 @@
+"""Fixtures for BPF unit tests: probe what the kernel offers, give each run its own bpffs
+folder, and run BPF_PROG_TEST_RUN inside a private network namespace.
+
+Names carry the prefix "pst" and a random run id; everything is removed at teardown, also
+after a failure.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from pepctl import bpfsys  # noqa: E402
+
+BPFFS = Path("/sys/fs/bpf")
+PREFIX = "pst"
+CLONE_NEWNET = 0x40000000
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def run_id() -> str:
+    return secrets.token_hex(3)
+
+
+@pytest.fixture(scope="session")
+def bpf_ready() -> None:
+    """Skips unless we are root, bpf(2) answers, bpffs is mounted (mounted here if not) and
+    bpftool is installed."""
+    if os.geteuid() != 0:
+        pytest.skip("BPF tests need root (bpf(2), bpffs, namespaces)")
+    try:
+        bpfsys.obj_get("/nonexistent-pst-probe")
+    except OSError as e:
+        if e.errno != errno.ENOENT:
+            pytest.skip(f"bpf(2) syscall unavailable: {e}")
+    if not os.path.ismount(BPFFS):
+        # Like scripts/setup, mount it and leave it: bpffs is host state others rely on.
+        r = _run(["mount", "-t", "bpf", "bpf", str(BPFFS)])
+        if r.returncode != 0:
+            pytest.skip(f"bpffs not mounted at {BPFFS} and mount failed: {r.stderr.strip()}")
+    if shutil.which("bpftool") is None:
+        pytest.skip("bpftool not installed (apt install bpftool)")
+
+
+@pytest.fixture(scope="module")
+def pin_dir(bpf_ready, run_id):
+    """A fresh bpffs folder /sys/fs/bpf/pst-<runid>-<n>, removed with all its pins."""
+    path = BPFFS / f"{PREFIX}-{run_id}-{secrets.token_hex(2)}"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=False)
+
+
+class NetnsRunner:
+    """Runs callables on one worker thread that has joined a network namespace.
+
+    setns(CLONE_NEWNET) moves only the calling thread, so the test process itself stays in
+    its namespace. BPF_PROG_TEST_RUN resolves a ctx ifindex in the caller's namespace, so
+    the ifindexes a test needs can be made there without touching the host's links.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self._pool = ThreadPoolExecutor(max_workers=1, initializer=self._enter)
+
+    def _enter(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(f"/run/netns/{self.name}", os.O_RDONLY)
+        try:
+            if libc.setns(fd, CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns into netns {self.name}: {os.strerror(err)}")
+        finally:
+            os.close(fd)
+
+    def __call__(self, fn, *args, **kwargs):
+        return self._pool.submit(fn, *args, **kwargs).result(timeout=30)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+@pytest.fixture(scope="module")
+def netns(bpf_ready, run_id):
+    """A private namespace pst-<runid>-<n>; yields (name, NetnsRunner). Deleted at teardown."""
+    name = f"{PREFIX}-{run_id}-{secrets.token_hex(2)}"
+    r = _run(["ip", "netns", "add", name])
+    if r.returncode != 0:
+        pytest.skip(f"network namespaces unavailable (ip netns add {name}): {r.stderr.strip()}")
+    runner = None
+    try:
+        runner = NetnsRunner(name)
+        yield name, runner
+    finally:
+        if runner is not None:
+            runner.close()
+        r = _run(["ip", "netns", "del", name])
+        if r.returncode != 0:
+            raise AssertionError(f"ip netns del {name}: {r.stderr.strip()}")
