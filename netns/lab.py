@@ -85,14 +85,8 @@ class Lab:
                                              "peer", "name", "eth0", "netns", cl]),
             Step("cable origin <-> switch", ["ip", "-n", sw, "link", "add", "p-origin", "type", "veth",
                                              "peer", "name", "eth0", "netns", og]),
-            Step("cable trunk switch <-> proxyhost nic0", ["ip", "-n", sw, "link", "add", "trunk", "type", "veth",
-                                                           "peer", "name", "nic0", "netns", ph]),
         ]
-        for ns, dev in ((sw, "p-client"), (sw, "p-origin"), (sw, "trunk"), (ph, "nic0")):
-            # Switch ports and the trunk carry frames, not addresses: no IPv6 link-local chatter.
-            steps.append(Step(f"no IPv6 on {ns}/{dev}", ["ip", "netns", "exec", ns, "sysctl", "-q", "-w",
-                                                         f"net.ipv6.conf.{dev}.disable_ipv6=1"]))
-            steps.append(Step(f"bring up {ns}/{dev}", ["ip", "-n", ns, "link", "set", dev, "up"]))
+        steps += quiet_port_steps(((sw, "p-client"), (sw, "p-origin")))
         for ns, (a4, a6, gw4, gw6) in ((cl, CLIENT), (og, ORIGIN)):
             steps += [
                 Step(f"bring up {ns}/lo", ["ip", "-n", ns, "link", "set", "lo", "up"]),
@@ -104,16 +98,58 @@ class Lab:
             ]
         steps.append(Step(f"no DAD in {cl}", ["ip", "netns", "exec", cl, "sysctl", "-q", "-w",
                                               "net.ipv6.conf.all.accept_dad=0"]))
+        steps += self.plain_core_steps() if opts.plain else self.steered_core_steps(opts)
+        steps += self.origin_steps()
+        return steps
+
+    def steered_core_steps(self, opts: argparse.Namespace) -> list[Step]:
+        """The real thing: one 802.1Q trunk, the switch and the proxy host steering with tc BPF."""
+        sw, ph = self.netns("switch"), self.netns("proxyhost")
+        steps = [Step("cable trunk switch <-> proxyhost nic0", ["ip", "-n", sw, "link", "add", "trunk", "type", "veth",
+                                                                 "peer", "name", "nic0", "netns", ph])]
+        steps += quiet_port_steps(((sw, "trunk"), (ph, "nic0")))
         # The switch: the project's own steering programs, tagging its access ports.
         steps += steering_load_steps(self.switch_pins, "trunk", sw)
         steps += steering_port_steps(self.switch_pins, "p-client", ACCESS_VLAN, "trunk", sw)
         steps += steering_port_steps(self.switch_pins, "p-origin", ORIGIN_VLAN, "trunk", sw)
         steps.append(trunk_attach_step(self.switch_pins, "trunk", sw))
-        steps += self.origin_steps()
         steps.append(Step("write the proxy host's pepctl config", ["@write", self.pep_config, self.render_pep(opts)]))
         pepctl = [os.path.join(REPO, "scripts", "pepctl"), "-c", self.pep_config]
         steps.append(Step(f"pepctl up in {ph}", in_netns(ph, [*pepctl, "up"]),
                           undo=in_netns(ph, [*pepctl, "down"])))
+        return steps
+
+    def plain_core_steps(self) -> list[Step]:
+        """The same namespaces and links forwarding without BPF steering: one untagged trunk per
+        side and a Linux bridge per side in the switch and the proxy host. The benchmarks' baseline."""
+        sw, ph, pep = self.netns("switch"), self.netns("proxyhost"), self.netns("pep")
+        steps = [Step(f"create namespace {pep}", ["ip", "netns", "add", pep], undo=["ip", "netns", "del", pep])]
+        for side, port, trunk, nic, out, inn, addrs in (
+                ("a", "p-client", "trunk-a", "nic0a", "c_out", "c_in", ("198.18.0.1/24", "2001:2:0:1::1/64")),
+                ("o", "p-origin", "trunk-o", "nic0o", "s_out", "s_in", ("198.19.0.1/24", "2001:2:0:2::1/64"))):
+            steps += [
+                Step(f"cable {trunk} <-> {nic}", ["ip", "-n", sw, "link", "add", trunk, "type", "veth",
+                                                  "peer", "name", nic, "netns", ph]),
+                Step(f"cable {out} <-> {pep}/{inn}", ["ip", "-n", ph, "link", "add", out, "type", "veth",
+                                                      "peer", "name", inn, "netns", pep]),
+            ]
+            steps += quiet_port_steps(((sw, trunk), (ph, nic), (ph, out)))
+            for ns, members in ((sw, (port, trunk)), (ph, (nic, out))):
+                br = f"br-{side}"
+                steps.append(Step(f"bridge {ns}/{br}", ["ip", "-n", ns, "link", "add", br, "type", "bridge"]))
+                steps += [Step(f"{ns}/{m} into {br}", ["ip", "-n", ns, "link", "set", m, "master", br])
+                          for m in members]
+                steps += quiet_port_steps(((ns, br),))
+            steps += [Step(f"address {a} on {pep}/{inn}", ["ip", "-n", pep, "addr", "add", a, "dev", inn, "nodad"])
+                      for a in addrs]
+            steps.append(Step(f"bring up {pep}/{inn}", ["ip", "-n", pep, "link", "set", inn, "up"]))
+        for ns in (sw, ph):
+            # Bridged frames skip netfilter, as the steered ones do.
+            steps.append(Step(f"no bridge netfilter in {ns}", ["ip", "netns", "exec", ns, "sysctl", "-q", "-w",
+                                                                "net.bridge.bridge-nf-call-iptables=0"],
+                              tolerate=("No such file", "cannot stat")))
+        steps += [Step(f"forwarding in {pep}", ["ip", "netns", "exec", pep, "sysctl", "-q", "-w", key])
+                  for key in ("net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")]
         return steps
 
     def render_pep(self, opts: argparse.Namespace) -> str:
@@ -214,6 +250,9 @@ class Lab:
             print(json.dumps({"lab": self.name, "state": "down"}) if as_json else f"lab {self.name}: down")
             return 0
         present = {n: os.path.exists(f"/run/netns/{self.netns(n)}") for n in (*NODES, "pep")}
+        if self.journal.data["meta"]["options"].get("plain"):
+            print(json.dumps({"lab": self.name, "run_id": self.rid, "plain": True, "namespaces": present}))
+            return 0
         pep = subprocess.run(in_netns(self.netns("proxyhost"), [os.path.join(REPO, "scripts", "pepctl"), "-c",
                                       self.pep_config, "status", "--json"]), capture_output=True, text=True)
         report = {"lab": self.name, "run_id": self.rid,
@@ -243,6 +282,16 @@ class Lab:
             print("pep-lab exec: give a command after --", file=sys.stderr)
             return 2
         os.execvp("ip", ["ip", "netns", "exec", ns, *argv])
+
+
+def quiet_port_steps(ports) -> list[Step]:
+    """Links that carry frames, not addresses: no IPv6 link-local chatter, then up."""
+    steps = []
+    for ns, dev in ports:
+        steps.append(Step(f"no IPv6 on {ns}/{dev}", ["ip", "netns", "exec", ns, "sysctl", "-q", "-w",
+                                                     f"net.ipv6.conf.{dev}.disable_ipv6=1"]))
+        steps.append(Step(f"bring up {ns}/{dev}", ["ip", "-n", ns, "link", "set", dev, "up"]))
+    return steps
 
 
 NGINX_CONF = """# The lab's origin server. Written by pep-lab.
@@ -277,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="build the lab and bring the proxy host up with pepctl")
     up.add_argument("--no-proxy", action="store_true", help="the pep namespace only routes")
+    up.add_argument("--plain", action="store_true",
+                    help="benchmark baseline: no VLANs, no BPF steering, no pepctl: Linux bridges, pep only routes")
     up.add_argument("--interception", choices=("nft", "route"), default="nft")
     up.add_argument("--ports", default="80", help='intercepted TCP ports: "all" or a list like 80,443,8000-8080')
     up.add_argument("--splice", choices=("both", "auto", "off"), default="both")

@@ -15,13 +15,10 @@ import time
 
 import pytest
 
+from netns.handle import PEP_LAB, PEPCTL, PYTHON, LabHandle  # noqa: F401  (tests import them from here)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-PEP_LAB = os.path.join(REPO, "scripts", "pep-lab")
-PEPCTL = os.path.join(REPO, "scripts", "pepctl")
-PYTHON = os.path.join(REPO, ".venv", "bin", "python")
-if not os.path.exists(PYTHON):
-    PYTHON = sys.executable
 
 
 def pytest_collection_modifyitems(config, items):
@@ -75,47 +72,6 @@ def leaves_nothing_behind():
 
 
 # -- the lab ------------------------------------------------------------------
-class LabHandle:
-    """A running lab: run commands in its nodes, read its status."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.env = {**os.environ, "PEP_LAB": name}
-        with open(f"/run/peplab/{name}.json") as f:
-            self.rid = json.load(f)["meta"]["rid"]
-        self.run_dir = f"/run/peplab/{self.rid}"
-
-    def netns(self, node: str) -> str:
-        return f"pl{self.rid}-{node}"
-
-    def argv(self, node: str, *cmd: str) -> list[str]:
-        return ["ip", "netns", "exec", self.netns(node), *cmd]
-
-    def run(self, node: str, *cmd: str, check: bool = True, timeout: float = 30, text: bool = True, **kw):
-        proc = subprocess.run(self.argv(node, *cmd), capture_output=True, text=text, timeout=timeout, **kw)
-        if check and proc.returncode != 0:
-            err = proc.stderr if text else proc.stderr.decode(errors="replace")
-            raise AssertionError(f"on {node}: {' '.join(cmd)} exited {proc.returncode}: {err.strip()}")
-        return proc
-
-    def popen(self, node: str, *cmd: str, **kw) -> subprocess.Popen:
-        return subprocess.Popen(self.argv(node, *cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, **kw)
-
-    def status(self) -> dict:
-        proc = subprocess.run([PEP_LAB, "status", "--json"], env=self.env, capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout)
-
-    def pepctl(self, *args: str, check: bool = True):
-        cmd = ["nsenter", f"--net=/run/netns/{self.netns('proxyhost')}", PEPCTL, "-c",
-               os.path.join(self.run_dir, "pep.toml"), *args]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"pepctl {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
-        return proc
-
-
 _broken_labs: dict[str, str] = {}
 
 
@@ -123,16 +79,13 @@ def make_lab(request, options: list[str]):
     key = f"{request.module.__name__}:{options}"
     if key in _broken_labs:
         pytest.skip(f"the lab of this module failed to build: {_broken_labs[key]}")
-    name = f"t{secrets.token_hex(3)}"
-    env = {**os.environ, "PEP_LAB": name}
-    up = subprocess.run([PEP_LAB, "up", *options], env=env, capture_output=True, text=True, timeout=180)
-    if up.returncode != 0:
-        _broken_labs[key] = up.stderr.strip()[-500:]
-        pytest.fail(f"pep-lab up {' '.join(options)} failed: {up.stderr}\n{up.stdout[-2000:]}")
-    handle = LabHandle(name)
+    try:
+        handle = LabHandle.up(f"t{secrets.token_hex(3)}", options)
+    except RuntimeError as e:
+        _broken_labs[key] = str(e)[-500:]
+        pytest.fail(str(e))
     yield handle
-    down = subprocess.run([PEP_LAB, "down"], env=env, capture_output=True, text=True, timeout=120)
-    assert down.returncode == 0, f"pep-lab down failed: {down.stderr}"
+    handle.down()
 
 
 @pytest.fixture(scope="module")

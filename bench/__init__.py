@@ -1,0 +1,1 @@
+"""Benchmarks: side by side in one run, reported as ratios (JSON, a plot, a table)."""
