@@ -259,6 +259,8 @@ class _Reader:
             if key in known:
                 continue
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            if not close:  # an abbreviation: irq -> irq_affinity
+                close = [k for k in known if k.startswith(key)][:1]
             hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
             self.error(_join(where, key), table[key], f"unknown key; {hint}")
 

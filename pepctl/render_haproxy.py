@@ -5,12 +5,15 @@ foreground, logs on stdout) and reloads seamlessly on SIGUSR2 to the master.
 
 How the original destination is reached (HAProxy 2.6 configuration manual, "server"
 and "source"): a server address of 0.0.0.0 means "the address the client connected
-to", and a server without a port (or port 0, the same thing to HAProxy's parser)
-means "the port the client connected to". The family is taken from the client's
+to", and a server without a port means "the port the client connected to" (the
+manual's set-dst section writes the same as 0.0.0.0:0). With tproxy that is the
+original destination, not the listen port. The family is taken from the client's
 connection, so one `server origin 0.0.0.0` serves IPv4 and IPv6 clients alike.
 `source 0.0.0.0 usesrc clientip` binds the outgoing socket to the client's address
 (a spare port) with IP_TRANSPARENT; Linux accepts that option on IPv6 sockets too
 (SOL_IP options fall through to the IPv4 code), so IPv6 needs nothing extra either.
+Both were checked end to end in namespaces: the origin saw the client's IPv4 and
+IPv6 addresses, on its own port, with HAProxy listening on listen_port.
 """
 
 from __future__ import annotations
@@ -66,7 +69,6 @@ def render_haproxy(graph: Graph, *, instance: str, graph_dir: str, cpus: list[in
         "defaults",
         f"    mode {p.mode}",
         "    log global",
-        "    option dontlognull",
         # A refused connection to the origin will be refused again: fail fast, as without a proxy.
         "    retries 0",
         *(f"    timeout {name} {value}" for name, value in TIMEOUTS),
