@@ -120,7 +120,7 @@ def test_astf_uses_the_lab_address_plan(compiled, name):
 
 @pytest.mark.parametrize("name", ASTF)
 def test_astf_programs_are_one_http_transaction_per_connection(compiled, name):
-    for t, req, resp, cprog, sprog in transactions(compiled[name]):
+    for _t, req, resp, cprog, sprog in transactions(compiled[name]):
         assert re.match(rb"GET /obj/\d{8}\.bin HTTP/1\.1\r\n", req), f"{name}: request {req[:60]!r}"
         assert req.endswith(b"\r\n\r\n") and b"\r\nConnection: close\r\n" in req, f"{name}: request {req!r}"
         head, sep, body = resp.partition(b"\r\n\r\n")
