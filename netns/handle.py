@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEP_LAB = os.path.join(REPO, "scripts", "pep-lab")
@@ -73,3 +74,14 @@ class LabHandle:
         if check and proc.returncode != 0:
             raise AssertionError(f"pepctl {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
         return proc
+
+
+def wait_until(cond, *, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)

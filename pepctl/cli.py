@@ -138,12 +138,95 @@ def cmd_reload(args, out) -> int:
         return 1
 
 
+def _graph(cfg, name: str | None):
+    if name is None:
+        if len(cfg.graphs) == 1:
+            return cfg.graphs[0]
+        raise SystemExit(f"pepctl: {cfg.path} has {len(cfg.graphs)} graphs; say which with --graph "
+                         f"({', '.join(g.name for g in cfg.graphs)})")
+    for g in cfg.graphs:
+        if g.name == name:
+            return g
+    raise SystemExit(f"pepctl: no graph {name!r} in {cfg.path}; graphs: {', '.join(g.name for g in cfg.graphs)}")
+
+
+def cmd_bypass(args, out) -> int:
+    from . import bypass
+    cfg = configmod.load(args.config)
+    journal = Journal(journal_path(cfg))
+    if not journal.exists:
+        print(f"pepctl bypass: instance {cfg.host.instance} is not up; rules in the config apply at `up`",
+              file=sys.stderr)
+        return 1
+    g = _graph(cfg, args.graph)
+    if not g.proxy.enabled:
+        print(f"pepctl bypass: graph {g.name} has no proxy: every flow is forwarded already", file=sys.stderr)
+        return 1
+    if args.action == "sync":
+        old = bypass.config_rules(_old_config(journal, cfg, g).bypass) if journal.data.get("complete") else set()
+        added, removed = bypass.sync(cfg, g, old)
+        print(f"graph {g.name}: {added} bypass rule(s) installed, {removed} removed", file=out)
+        return 0
+    live = bypass.read_live(cfg, g)
+    from_config = bypass.config_rules(g.bypass)
+    if args.action == "list":
+        rules = [{**r.as_json(), "source": "config"} for r in sorted(from_config)]
+        rules += [{**r.as_json(), "source": "live"} for r in sorted(live - from_config)]
+        if args.json:
+            json.dump({"graph": g.name, "rules": rules, "counters": bypass.counters(cfg, g)}, out, indent=2)
+            print(file=out)
+        else:
+            for r in rules:
+                print(f"{r['kind']:<7} {r['value']:<24} ({r['source']})", file=out)
+            if not rules:
+                print(f"graph {g.name}: no bypass rules", file=out)
+        return 0
+    if not args.kind or not args.value:
+        print(f"pepctl bypass {args.action}: give a rule: client NETWORK | server NETWORK | port PORT[-PORT]",
+              file=sys.stderr)
+        return 2
+    try:
+        rule = bypass.parse_rule(args.kind, args.value)
+    except bypass.RuleError as e:
+        print(f"pepctl bypass {args.action}: {e}", file=sys.stderr)
+        return 2
+    if args.action == "add":
+        bypass.install(cfg, g, {rule})
+        bypass.write_live(cfg, g, live | {rule})
+        print(f"graph {g.name}: bypass {rule.kind} {rule.value} added (new flows only)", file=out)
+        return 0
+    if rule in from_config:
+        print(f"pepctl bypass del: {rule.kind} {rule.value} is in {cfg.path} [graph.bypass]; remove it there "
+              "and run `pepctl reload`", file=sys.stderr)
+        return 1
+    if rule not in live:
+        print(f"graph {g.name}: no live bypass rule {rule.kind} {rule.value}; nothing to do", file=out)
+        return 0
+    bypass.remove(cfg, g, {rule})
+    bypass.write_live(cfg, g, live - {rule})
+    print(f"graph {g.name}: bypass {rule.kind} {rule.value} removed (new flows only)", file=out)
+    return 0
+
+
+def _old_config(journal, cfg, g):
+    """The graph as the last up/reload installed it (its config rules are in the maps)."""
+    old = configmod.parse(journal.data["meta"]["config_text"], journal.data["meta"]["config"])
+    return next((o for o in old.graphs if o.name == g.name), g)
+
+
+def cmd_watchdog(args, out) -> int:
+    from . import watchdog
+    return watchdog.main(configmod.load(args.config), args.graph_name)
+
+
 COMMANDS = {
     "plan": (cmd_plan, "print the exact commands `up` would run; change nothing"),
     "up": (cmd_up, "bring the instance up (no-op if already up with this config)"),
     "down": (cmd_down, "remove everything `up` made, and nothing else"),
     "status": (cmd_status, "report state, HAProxy sessions and steering counters"),
     "reload": (cmd_reload, "apply a changed proxy config without dropping connections"),
+    "bypass": (cmd_bypass, "per-flow bypass rules: add|del|list|sync (new flows only)"),
+    "watchdog": (cmd_watchdog, "run the fail-open watchdog of a graph (started by `up`)"),
 }
 
 
@@ -155,7 +238,16 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
         p = sub.add_parser(name, help=help_text)
         if name == "status":
             p.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "bypass":
+            p.add_argument("action", choices=("add", "del", "list", "sync"))
+            p.add_argument("kind", nargs="?", help="client | server | port")
+            p.add_argument("value", nargs="?", help="a network (198.18.0.0/24, 2001:2::/48) or a port (80, 8000-8080)")
+            p.add_argument("--graph", "-g", help="which graph (needed when there are several)")
+            p.add_argument("--json", action="store_true", help="with list: machine-readable output")
+        if name == "watchdog":
+            p.add_argument("graph_name", metavar="GRAPH")
     args = ap.parse_args(argv)
+    args.config = os.path.abspath(args.config)
     if args.command != "plan" and os.geteuid() != 0:
         print(f"pepctl {args.command}: must run as root (it changes namespaces, links and BPF maps)",
               file=sys.stderr)

@@ -51,12 +51,21 @@ class Proxy:
 
 
 @dataclass(frozen=True)
+class Bypass:
+    """Flows that skip the proxy: forwarded at L3 by tc, decided on each flow's first SYN."""
+    clients: tuple[Net, ...] = ()               # subscribers' (access side) addresses
+    servers: tuple[Net, ...] = ()               # origin-side addresses
+    ports: tuple[tuple[int, int], ...] = ()     # the port a SYN is addressed to
+
+
+@dataclass(frozen=True)
 class Graph:
     name: str
     index: int          # 0-based position among the [[graph]] tables, as in graph[i] error paths
     access: Side
     origin: Side
     proxy: Proxy
+    bypass: Bypass = Bypass()
 
 
 @dataclass(frozen=True)
@@ -123,7 +132,8 @@ TOP_KEYS = ("host", "defaults", "graph")
 HOST_KEYS = ("instance", "nic", "run_dir", "bpf_dir", "tuning")
 TUNING_KEYS = ("irq_affinity", "rss_symmetric", "sysctls")
 DEFAULTS_KEYS = ("proxy",)
-GRAPH_KEYS = ("name", "access", "origin", "proxy")
+GRAPH_KEYS = ("name", "access", "origin", "proxy", "bypass")
+BYPASS_KEYS = ("clients", "servers", "ports")
 SIDE_KEYS = ("vlan", "addresses", "prefixes", "gateways", "congctl")
 PROXY_DEFAULTS: dict[str, Any] = {
     "enabled": True,
@@ -532,6 +542,44 @@ class _Reader:
                 self.error(f"{path}.prefixes[{i}]", str(net), f"not inside this side's subnets and there is "
                            f"no IPv{net.version} gateway to route it to; add one to {path}.gateways")
 
+    # -- bypass --
+
+    def bypass(self, graw: dict, where: str) -> Bypass | Any:
+        path = f"{where}.bypass"
+        raw = self.subtable(graw, where, "bypass", BYPASS_KEYS)
+        if raw is BAD:
+            return BAD
+        nets: dict[str, Any] = {}
+        for key in ("clients", "servers"):
+            items = self.strings(raw, path, key, [])
+            if items is BAD:
+                nets[key] = BAD
+                continue
+            out = []
+            for field, text in items:
+                try:
+                    out.append(ipaddress.ip_network(text, strict=True))
+                except ValueError as e:
+                    hint = "host bits set: write the network, e.g. \"198.18.0.0/24\"" if "host bits" in str(e) \
+                        else "not a network; write it like \"198.18.0.0/24\" or \"2001:2:0:1::/64\""
+                    self.error(field, text, hint)
+            nets[key] = tuple(out) if len(out) == len(items) else BAD
+        ports: Any = ()
+        praw = self.get(raw, path, "ports", _LIST, [])
+        if praw is not BAD:
+            ranges = []
+            for i, item in enumerate(praw):
+                got = _port_range(item)
+                if isinstance(got, str):
+                    self.error(f"{path}.ports[{i}]", item, got)
+                else:
+                    ranges.append(got)
+            ports = merge_ranges(ranges) if len(ranges) == len(praw) else BAD
+        else:
+            ports = BAD
+        parts = [nets["clients"], nets["servers"], ports]
+        return BAD if any(p is BAD for p in parts) else Bypass(*parts)
+
     # -- graphs --
 
     def graphs(self, doc: dict, defaults: dict[str, Any]) -> list[Graph | Any]:
@@ -559,7 +607,8 @@ class _Reader:
             access = self.side(graw, where, "access")
             origin = self.side(graw, where, "origin")
             proxy = self.proxy(graw, where, defaults)
-            parts = [name, i, access, origin, proxy]
+            bypass = self.bypass(graw, where)
+            parts = [name, i, access, origin, proxy, bypass]
             out.append(BAD if any(p is BAD for p in parts) else Graph(*parts))
         self.cross_checks(raw)
         return out

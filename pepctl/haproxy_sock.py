@@ -29,9 +29,9 @@ def answers(path: str) -> bool:
         return False
 
 
-def info(path: str) -> dict[str, str]:
+def info(path: str, *, timeout: float = 1.0) -> dict[str, str]:
     out = {}
-    for line in query(path, "show info").splitlines():
+    for line in query(path, "show info", timeout=timeout).splitlines():
         key, sep, value = line.partition(":")
         if sep:
             out[key.strip()] = value.strip()

@@ -17,6 +17,7 @@ from . import hostinfo
 from .config import Config, ConfigError, FieldError, Graph, Side
 from .hostinfo import HostInfo
 from .runner import Deferred, Step, run_json
+from .tuning import tuning_steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEER_OBJ = os.path.join(REPO, "tc", "steer.o")
@@ -147,6 +148,7 @@ def host_steps(cfg: Config, info: HostInfo) -> list[Step]:
         Step("mount bpffs at /sys/fs/bpf", ["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], done=_mounted_bpffs),
         Step(f"create run folder {rundir}", ["mkdir", "-p", "-m", "0750", rundir], undo=["@rm", rundir]),
         *steering_load_steps(pin_dir(cfg), cfg.host.nic),
+        *tuning_steps(cfg, info),
     ]
 
 

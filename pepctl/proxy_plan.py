@@ -19,7 +19,20 @@ from __future__ import annotations
 from . import haproxy_sock
 from .config import Config, Graph
 from .hostinfo import HostInfo, maxconn_for
-from .plan import C_IN, S_IN, TPROXY_MARK, TPROXY_TABLE, GraphNames, write_step
+from .plan import (
+    C_IN,
+    REPO,
+    S_IN,
+    TPROXY_MARK,
+    TPROXY_TABLE,
+    GraphNames,
+    _has_clsact,
+    ifindex_bytes,
+    in_netns,
+    pin_dir,
+    u32_bytes,
+    write_step,
+)
 from .render_haproxy import render_haproxy
 from .render_nft import render_nft
 from .runner import Step
@@ -85,9 +98,56 @@ def haproxy_start_step(n: GraphNames) -> Step:
                             "ready": lambda: haproxy_sock.answers(n.haproxy_sock), "timeout": 15})
 
 
+BYPASS_OBJ = f"{REPO}/tc/bypass.o"
+FLOW_PREF = 20      # tc filter preference of flow_ingress on c_in / s_in
+SIDE_ACCESS, SIDE_ORIGIN = 1, 2   # enum bypass_side in tc/pep_bypass.h
+PEPCTL = f"{REPO}/scripts/pepctl"
+
+
+def bypass_steps(cfg: Config, g: Graph, n: GraphNames) -> list[Step]:
+    """The per-flow bypass program on both sides of the namespace, with the config's rules.
+
+    It starts in fail-open (proxy_state.up = 0): flows arriving before HAProxy
+    answers are forwarded, not black-holed; the watchdog marks the proxy up."""
+    pins = f"{pin_dir(cfg)}/{g.name}"
+    ns = n.netns
+    steps = [
+        Step(f"create pin folder {pins}", ["mkdir", "-p", pins]),
+        Step(f"load the bypass program and maps of graph {g.name}",
+             ["bpftool", "prog", "loadall", BYPASS_OBJ, f"{pins}/prog", "type", "classifier",
+              "pinmaps", f"{pins}/maps"]),
+    ]
+    for dev, side, peer in ((C_IN, SIDE_ACCESS, S_IN), (S_IN, SIDE_ORIGIN, C_IN)):
+        steps.append(Step(f"{ns}/{dev} is the {'access' if side == SIDE_ACCESS else 'origin'} side",
+                          ["bpftool", "map", "update", "pinned", f"{pins}/maps/side_config", "key",
+                           ifindex_bytes(dev, ns), "value", *u32_bytes(side), ifindex_bytes(peer, ns)]))
+    steps.append(Step(f"install the bypass rules of graph {g.name}",
+                      [PEPCTL, "-c", cfg.path, "bypass", "sync", "--graph", g.name]))
+    for dev in (C_IN, S_IN):
+        steps += [
+            Step(f"add clsact qdisc on {ns}/{dev}", in_netns(ns, ["tc", "qdisc", "add", "dev", dev, "clsact"]),
+                 done=lambda dev=dev: _has_clsact(dev, ns)),
+            Step(f"attach flow_ingress to {ns}/{dev} ingress",
+                 in_netns(ns, ["tc", "filter", "add", "dev", dev, "ingress", "pref", str(FLOW_PREF), "handle", "1",
+                               "bpf", "direct-action", "object-pinned", f"{pins}/prog/flow_ingress"])),
+        ]
+    return steps
+
+
+def watchdog_step(cfg: Config, g: Graph, n: GraphNames) -> Step:
+    from .watchdog import read_state
+    return Step(f"start the fail-open watchdog of graph {g.name}",
+                [PEPCTL, "-c", cfg.path, "watchdog", g.name],
+                undo=["@stop-pidfile", f"{n.dir}/watchdog.pid"],
+                background={"pidfile": f"{n.dir}/watchdog.pid", "logfile": f"{n.dir}/watchdog.log",
+                            "ready": lambda: read_state(n).get("mode") == "proxy", "timeout": 10})
+
+
 def proxy_steps(cfg: Config, g: Graph, n: GraphNames, info: HostInfo) -> list[Step]:
     steps = interception_steps(cfg, g, n)
+    steps += bypass_steps(cfg, g, n)
     steps.append(write_step(n.haproxy_cfg, haproxy_config(cfg, g, n, info), f"write {n.haproxy_cfg}"))
     steps.append(Step(f"check {n.haproxy_cfg}", ["haproxy", "-c", "-q", "-f", n.haproxy_cfg]))
     steps.append(haproxy_start_step(n))
+    steps.append(watchdog_step(cfg, g, n))
     return steps

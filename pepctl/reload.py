@@ -91,7 +91,13 @@ def reload(cfg: Config, info: HostInfo, journal: Journal, digest: str, out) -> i
         os.replace(n.haproxy_cfg + ".new", n.haproxy_cfg)
         reload_haproxy(n)
         print(f"  graph {g.name}: HAProxy reloaded", file=out)
-    journal.data["meta"].update(config_sha256=digest, config_text=open(cfg.path).read())
+    from .bypass import config_rules, sync
+    for g, o in zip(cfg.graphs, old.graphs, strict=True):
+        if g.proxy.enabled:
+            added, removed = sync(cfg, g, config_rules(o.bypass))
+            print(f"  graph {g.name}: {added} bypass rule(s) installed, {removed} removed", file=out)
+    with open(cfg.path) as f:
+        journal.data["meta"].update(config_sha256=digest, config_text=f.read())
     journal.save()
     print(f"instance {cfg.host.instance} reloaded", file=out)
     return 0

@@ -47,6 +47,8 @@ class Step:
     tolerate: tuple[str, ...] = field(default_factory=tuple)  # stderr texts meaning "already so"
 
     def render(self) -> str:
+        if self.argv and self.argv[0] == "@note":
+            return f"# notice: {self.argv[1]}"
         if self.argv and self.argv[0] == "@write":
             return f"cat > {self.argv[1]} <<'EOF'\n{self.argv[2].rstrip()}\nEOF"
         words = [a if isinstance(a, str) else f"<{a.label}>" for a in self.argv]
@@ -204,6 +206,9 @@ def apply(steps: list[Step], journal: Journal, *, log: Callable[[str], None] = p
             if step.done is not None and step.done():
                 continue
             argv = resolve(step.argv)
+            if argv[0] == "@note":
+                log(f"  notice: {argv[1]}")
+                continue
             if argv[0] == "@write":
                 _write_file(argv[1], argv[2])
             elif step.background:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from . import haproxy_sock
 from .config import Config
@@ -41,6 +42,9 @@ def problems(cfg: Config) -> list[str]:
             pid = read_pid(n.haproxy_pid)
             if pid is None or not pid_alive(pid):
                 found.append(f"HAProxy of graph {g.name} not running")
+            wd = read_pid(os.path.join(n.dir, "watchdog.pid"))
+            if wd is None or not pid_alive(wd):
+                found.append(f"fail-open watchdog of graph {g.name} not running")
     return found
 
 
@@ -95,6 +99,24 @@ def haproxy_report(sock: str) -> dict:
     }
 
 
+def watchdog_report(n) -> dict:
+    from .watchdog import read_state
+    st = read_state(n)
+    pid = read_pid(os.path.join(n.dir, "watchdog.pid"))
+    last = st.get("last_switch")
+    return {"mode": st.get("mode", "unknown"), "watchdog_running": bool(pid and pid_alive(pid)),
+            "last_switch": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last)) if last else None,
+            "last_reason": st.get("reason"), "switches": st.get("switches", 0), "restarts": st.get("restarts", 0)}
+
+
+def bypass_report(cfg: Config, g) -> dict:
+    from .bypass import counters
+    try:
+        return counters(cfg, g)
+    except OSError as e:
+        return {"error": str(e)}
+
+
 def collect(cfg: Config, journal_path: str) -> dict:
     journal = Journal(journal_path)
     report = {"instance": cfg.host.instance, "nic": cfg.host.nic, "graphs": []}
@@ -117,6 +139,8 @@ def collect(cfg: Config, journal_path: str) -> dict:
             pid = read_pid(n.haproxy_pid)
             entry["proxy"].update({"pid": pid, "running": bool(pid and pid_alive(pid))})
             entry["proxy"].update(haproxy_report(n.haproxy_sock))
+            entry["failopen"] = watchdog_report(n)
+            entry["flows"] = bypass_report(cfg, g)
         report["graphs"].append(entry)
     report["drops_and_passes"] = reason_counters(cfg)
     return report
@@ -141,6 +165,14 @@ def print_table(report: dict, out) -> None:
             print(f"  {g['name']:<10} haproxy pid {p.get('pid')} {state}, {p['interception']} interception, "
                   f"sessions {p.get('sessions_current', '?')} now / {p.get('sessions_total', '?')} total",
                   file=out)
+            w, f = g["failopen"], g["flows"]
+            mode = "PROXY" if w["mode"] == "proxy" else f"FAIL-OPEN ({w['last_reason']})" \
+                if w["mode"] == "failopen" else w["mode"]
+            print(f"  {g['name']:<10} mode {mode}, last switch {w['last_switch'] or 'never'}, "
+                  f"watchdog {'running' if w['watchdog_running'] else 'NOT RUNNING'}", file=out)
+            if "error" not in f:
+                print(f"  {g['name']:<10} flows proxied {f.get('flows_proxied', 0)}, bypassed by rule "
+                      f"{f.get('flows_bypass_rule', 0)}, by fail-open {f.get('flows_bypass_failopen', 0)}", file=out)
         else:
             print(f"  {g['name']:<10} proxy disabled: the namespace routes only", file=out)
     reasons = report.get("drops_and_passes", {})

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from netns.handle import PEP_LAB, PEPCTL, PYTHON, LabHandle  # noqa: F401  (tests import them from here)
+from netns.handle import LabHandle
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -92,14 +92,3 @@ def make_lab(request, options: list[str]):
 def lab(request):
     """The lab with the options of the module's LAB_OPTIONS (default: the proxied lab)."""
     yield from make_lab(request, list(getattr(request.module, "LAB_OPTIONS", [])))
-
-
-def wait_until(cond, *, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)

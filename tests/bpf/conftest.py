@@ -1,8 +1,8 @@
 """Fixtures for BPF unit tests: probe what the kernel offers, give each run its own bpffs
 folder, and run BPF_PROG_TEST_RUN inside a private network namespace.
 
-Names carry the prefix "pst" and a random run id; everything is removed at teardown, also
-after a failure.
+Names carry the prefix "pst" (or the module's NAME_PREFIX) and a random run id; everything is
+removed at teardown, also after a failure.
 """
 
 from __future__ import annotations
@@ -59,10 +59,15 @@ def bpf_ready() -> None:
         pytest.skip("bpftool not installed (apt install bpftool)")
 
 
+def _prefix(request) -> str:
+    """The name prefix of the requesting module (NAME_PREFIX), "pst" if it sets none."""
+    return getattr(request.module, "NAME_PREFIX", PREFIX)
+
+
 @pytest.fixture(scope="module")
-def pin_dir(bpf_ready, run_id):
-    """A fresh bpffs folder /sys/fs/bpf/pst-<runid>-<n>, removed with all its pins."""
-    path = BPFFS / f"{PREFIX}-{run_id}-{secrets.token_hex(2)}"
+def pin_dir(request, bpf_ready, run_id):
+    """A fresh bpffs folder /sys/fs/bpf/<prefix>-<runid>-<n>, removed with all its pins."""
+    path = BPFFS / f"{_prefix(request)}-{run_id}-{secrets.token_hex(2)}"
     path.mkdir()
     try:
         yield path
@@ -100,9 +105,9 @@ class NetnsRunner:
 
 
 @pytest.fixture(scope="module")
-def netns(bpf_ready, run_id):
-    """A private namespace pst-<runid>-<n>; yields (name, NetnsRunner). Deleted at teardown."""
-    name = f"{PREFIX}-{run_id}-{secrets.token_hex(2)}"
+def netns(request, bpf_ready, run_id):
+    """A private namespace <prefix>-<runid>-<n>; yields (name, NetnsRunner). Deleted at teardown."""
+    name = f"{_prefix(request)}-{run_id}-{secrets.token_hex(2)}"
     r = _run(["ip", "netns", "add", name])
     if r.returncode != 0:
         pytest.skip(f"network namespaces unavailable (ip netns add {name}): {r.stderr.strip()}")
@@ -116,3 +121,27 @@ def netns(bpf_ready, run_id):
         r = _run(["ip", "netns", "del", name])
         if r.returncode != 0:
             raise AssertionError(f"ip netns del {name}: {r.stderr.strip()}")
+
+
+@pytest.fixture(scope="session")
+def tc_built(bpf_ready) -> Path:
+    """Builds the tc datapath objects once per session (make -C tc); yields the tc folder."""
+    tc = REPO / "tc"
+    r = subprocess.run(["make", "-s", "-C", str(tc)], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        pytest.fail(f"make -C {tc}: exit {r.returncode}\n{r.stdout}{r.stderr}")
+    return tc
+
+
+def loadall(obj: Path, pin: Path) -> None:
+    """Loads every program of obj (as tc classifiers) under pin/prog, its maps under pin/maps."""
+    r = _run(["bpftool", "prog", "loadall", str(obj), str(pin / "prog"), "type", "classifier",
+              "pinmaps", str(pin / "maps")])
+    if r.returncode != 0:
+        pytest.fail(f"bpftool prog loadall {obj} {pin}: exit {r.returncode}\n{r.stderr}")
+
+
+@pytest.fixture(scope="session")
+def bpf_loadall(tc_built):
+    """loadall(obj, pin) of the freshly built objects, as a fixture (conftest is not importable)."""
+    return loadall

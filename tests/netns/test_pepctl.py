@@ -17,7 +17,8 @@ import secrets
 import subprocess
 
 import pytest
-from conftest import PEPCTL
+
+from netns.handle import PEPCTL
 
 BASE = """
 [host]

@@ -20,7 +20,8 @@ import threading
 import time
 
 import pytest
-from conftest import PEP_LAB, PYTHON, wait_until
+
+from netns.handle import PEP_LAB, PYTHON, wait_until
 
 LAB_OPTIONS: list[str] = []   # the default lab: proxy on, nft interception of port 80
 

@@ -1,0 +1,115 @@
+"""Per-flow bypass rules: the config's [graph.bypass] plus live rules from `pepctl bypass add`.
+
+The maps in the graph's pin folder are the datapath's truth. pepctl keeps
+two records beside them, in the graph's run folder: the live rules
+(bypass-live.json), and the config rules installed by the last up/reload
+(read from the journal). Changing a rule changes only new flows: every flow
+keeps the verdict of its first SYN (tc/pep_bypass.h).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from dataclasses import dataclass
+
+from . import bypass_maps
+from .config import Bypass, Config, Graph, _port_range
+from .plan import graph_names, pin_dir
+
+KINDS = ("client", "server", "port")
+
+
+@dataclass(frozen=True, order=True)
+class Rule:
+    kind: str        # client | server | port
+    value: str       # "198.18.0.0/24" | "2001:2::/48" | "80" | "8000-8080"
+
+    def as_json(self) -> dict:
+        return {"kind": self.kind, "value": self.value}
+
+
+class RuleError(ValueError):
+    pass
+
+
+def parse_rule(kind: str, value: str) -> Rule:
+    if kind not in KINDS:
+        raise RuleError(f"rule kind {kind!r}: use one of {', '.join(KINDS)}")
+    if kind == "port":
+        got = _port_range(value if not value.isdigit() else int(value))
+        if isinstance(got, str):
+            raise RuleError(f"port {value!r}: {got}")
+        lo, hi = got
+        return Rule("port", str(lo) if lo == hi else f"{lo}-{hi}")
+    try:
+        net = ipaddress.ip_network(value, strict=True)
+    except ValueError as e:
+        raise RuleError(f"{kind} {value!r}: {e}; write a network like 198.18.0.0/24 or 2001:2:0:1::/64") from None
+    return Rule(kind, str(net))
+
+
+def config_rules(b: Bypass) -> set[Rule]:
+    rules = {Rule("client", str(n)) for n in b.clients} | {Rule("server", str(n)) for n in b.servers}
+    rules |= {Rule("port", str(lo) if lo == hi else f"{lo}-{hi}") for lo, hi in b.ports}
+    return rules
+
+
+def graph_pins(cfg: Config, g: Graph) -> str:
+    return os.path.join(pin_dir(cfg), g.name)
+
+
+def live_path(cfg: Config, g: Graph) -> str:
+    return os.path.join(graph_names(cfg, g).dir, "bypass-live.json")
+
+
+def read_live(cfg: Config, g: Graph) -> set[Rule]:
+    try:
+        with open(live_path(cfg, g)) as f:
+            return {Rule(r["kind"], r["value"]) for r in json.load(f)}
+    except FileNotFoundError:
+        return set()
+
+
+def write_live(cfg: Config, g: Graph, rules: set[Rule]) -> None:
+    path = live_path(cfg, g)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump([r.as_json() for r in sorted(rules)], f, indent=1)
+    os.replace(tmp, path)
+
+
+def _split(rules: set[Rule]) -> dict:
+    """Rules -> the keyword arguments of bypass_maps.add_rules/del_rules."""
+    out: dict = {"clients": [], "servers": [], "ports": []}
+    for r in rules:
+        if r.kind == "port":
+            lo, _, hi = r.value.partition("-")
+            out["ports"].append((int(lo), int(hi or lo)))
+        else:
+            out[f"{r.kind}s"].append(ipaddress.ip_network(r.value))
+    return out
+
+
+def install(cfg: Config, g: Graph, rules: set[Rule]) -> None:
+    if rules:
+        bypass_maps.add_rules(graph_pins(cfg, g), **_split(rules))
+
+
+def remove(cfg: Config, g: Graph, rules: set[Rule]) -> None:
+    if rules:
+        bypass_maps.del_rules(graph_pins(cfg, g), **_split(rules))
+
+
+def sync(cfg: Config, g: Graph, old_config_rules: set[Rule]) -> tuple[int, int]:
+    """Make the maps hold exactly config rules + live rules; return (added, removed)."""
+    want = config_rules(g.bypass) | read_live(cfg, g)
+    gone = old_config_rules - want
+    remove(cfg, g, gone)
+    install(cfg, g, want)   # idempotent: updating a present key changes nothing
+    return len(want), len(gone)
+
+
+def counters(cfg: Config, g: Graph) -> dict[str, int]:
+    return bypass_maps.read_counters(graph_pins(cfg, g))

@@ -1,0 +1,156 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Reading the few header fields the bypass needs from an untagged Ethernet
+ * frame: IPv4 or IPv6, then TCP. The steering datapath has already popped
+ * the VLAN tag, so the ethertype sits right after the MACs.
+ *
+ * What is not read as TCP (and so goes to the stack untouched):
+ *   - IPv4 fragments, the first one included: the later ones have no TCP
+ *     header, and the pieces of one datagram must all take one path (the
+ *     stack's, which reassembles when it needs to);
+ *   - IPv6 with any extension header before TCP (hop-by-hop, routing,
+ *     fragment, ...): TCP is looked for right after the fixed header only;
+ *   - anything shorter than the headers it claims: the stack judges it.
+ */
+#ifndef PEP_BYPASS_PARSE_H
+#define PEP_BYPASS_PARSE_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#define IP4_MF 0x2000        /* more fragments */
+#define IP4_OFFSET 0x1fff    /* fragment offset, in 8-byte units */
+#define IP6_FLOWINFO 0x0fffffff
+#define TCP_FLAGS_OFF 13     /* the byte holding CWR..FIN */
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_ACK 0x10
+
+/* The part of a TCP header we read: up to and including the flags. */
+struct tcp_head {
+	__be16 sport;
+	__be16 dport;
+	__be32 seq;
+	__be32 ack_seq;
+	__u8 doff;
+	__u8 flags;
+};
+
+struct tcp_pkt {
+	__u8 src[16];      /* IPv4 as ::ffff:a.b.c.d, as in struct flow_key */
+	__u8 dst[16];
+	__be16 sport;
+	__be16 dport;
+	__u32 seq;         /* host order */
+	__u8 flags;        /* TCP flags byte */
+	__u8 family;       /* 4 or 6 */
+	__u8 ttl;          /* TTL or hop limit */
+	__u8 tos;          /* IPv4 TOS, for the FIB lookup */
+	__be32 flowinfo;   /* IPv6 traffic class + flow label, for the FIB lookup */
+	__u32 l4_off;      /* where the TCP header starts */
+};
+
+/*
+ * Copies len header bytes at off into to. Headers sit in the linear area on
+ * every path we know, so direct access is the rule; the helper copy covers
+ * a frame whose headers are paged. Non-zero: the frame ends before off + len.
+ * off is bounded by the callers (at most ETH_HLEN + 60), which the verifier
+ * needs for the direct access.
+ */
+static __always_inline int read_at(struct __sk_buff *skb, __u32 off, void *to, __u32 len)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	if (data + off + len <= data_end) {
+		__builtin_memcpy(to, data + off, len);
+		return 0;
+	}
+	return bpf_skb_load_bytes(skb, off, to, len);
+}
+
+static __always_inline void v4_mapped(__u8 *to, __be32 addr)
+{
+	__builtin_memset(to, 0, 10);
+	to[10] = 0xff;
+	to[11] = 0xff;
+	__builtin_memcpy(to + 12, &addr, 4);
+}
+
+static __always_inline int parse_ip4(struct __sk_buff *skb, struct tcp_pkt *p)
+{
+	struct iphdr ip;
+	__u32 ihl;
+
+	if (read_at(skb, ETH_HLEN, &ip, sizeof(ip)))
+		return -1;
+	ihl = ip.ihl;
+	if (ip.version != 4 || ihl < 5)
+		return -1;
+	if (ip.frag_off & bpf_htons(IP4_MF | IP4_OFFSET))
+		return -1;
+	if (ip.protocol != IPPROTO_TCP)
+		return -1;
+	p->family = 4;
+	p->ttl = ip.ttl;
+	p->tos = ip.tos;
+	p->l4_off = ETH_HLEN + ihl * 4;  /* options honoured: at most 60 bytes */
+	v4_mapped(p->src, ip.saddr);
+	v4_mapped(p->dst, ip.daddr);
+	return 0;
+}
+
+static __always_inline int parse_ip6(struct __sk_buff *skb, struct tcp_pkt *p)
+{
+	struct ipv6hdr ip6;
+
+	if (read_at(skb, ETH_HLEN, &ip6, sizeof(ip6)))
+		return -1;
+	if (ip6.version != 6 || ip6.nexthdr != IPPROTO_TCP)
+		return -1;
+	p->family = 6;
+	p->ttl = ip6.hop_limit;
+	p->flowinfo = *(__be32 *)&ip6 & bpf_htonl(IP6_FLOWINFO);
+	p->l4_off = ETH_HLEN + sizeof(ip6);
+	__builtin_memcpy(p->src, &ip6.saddr, 16);
+	__builtin_memcpy(p->dst, &ip6.daddr, 16);
+	return 0;
+}
+
+/* Zero: p describes a TCP segment. Non-zero: not one we read (see top). */
+static __always_inline int parse_tcp(struct __sk_buff *skb, struct tcp_pkt *p)
+{
+	struct tcp_head th;
+	__be16 proto;
+
+	if (read_at(skb, offsetof(struct ethhdr, h_proto), &proto, sizeof(proto)))
+		return -1;
+	if (proto == bpf_htons(ETH_P_IP)) {
+		if (parse_ip4(skb, p))
+			return -1;
+	} else if (proto == bpf_htons(ETH_P_IPV6)) {
+		if (parse_ip6(skb, p))
+			return -1;
+	} else {
+		return -1;
+	}
+	if (read_at(skb, p->l4_off, &th, sizeof(th)))
+		return -1;
+	p->sport = th.sport;
+	p->dport = th.dport;
+	p->seq = bpf_ntohl(th.seq);
+	p->flags = th.flags;
+	return 0;
+}
+
+/* A connection's opening SYN (or its retransmission): SYN without ACK. */
+static __always_inline int is_first_syn(const struct tcp_pkt *p)
+{
+	return (p->flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+}
+
+#endif /* PEP_BYPASS_PARSE_H */
