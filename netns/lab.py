@@ -312,8 +312,9 @@ http {{
     keepalive_requests 1000000;
     default_type application/octet-stream;
     server {{
-        listen 80 reuseport backlog=4096;
-        listen [::]:80 reuseport backlog=4096;
+        # Its own addresses only: other servers (pep-replay) may use 198.19.0.11-20 port 80.
+        listen 198.19.0.10:80 reuseport backlog=4096;
+        listen [2001:2:0:2::10]:80 reuseport backlog=4096;
         root {www};
         location = /upload {{ client_max_body_size 0; return 200 "ok\\n"; }}
     }}

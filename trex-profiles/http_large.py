@@ -30,10 +30,11 @@ class HttpLarge:
         parser = argparse.ArgumentParser(prog="http_large.py", description=__doc__.splitlines()[0])
         parser.add_argument("--size", type=lab_http.parse_size, default=None,
                             help="play only this object size (bytes, or with k/m suffix)")
+        lab_http.add_address_args(parser)
         args = parser.parse_args(list(tunables))
 
         mix = [(args.size, 10)] if args.size else SIZE_MIX
-        gen = lab_http.ip_gen()
+        gen = lab_http.ip_gen(args.servers)
         return ASTFProfile(default_ip_gen=gen, templates=lab_http.templates(mix, gen))
 
 

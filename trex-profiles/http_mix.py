@@ -22,6 +22,7 @@ class HttpMix:
         parser = argparse.ArgumentParser(prog="http_mix.py", description=__doc__.splitlines()[0])
         parser.add_argument("--large_share", type=float, default=5.0,
                             help="percent of connections fetching a 1-10 MB object (0-100)")
+        lab_http.add_address_args(parser)
         args = parser.parse_args(list(tunables))
         if not 0 <= args.large_share <= 100:
             parser.error(f"large_share={args.large_share}: must be a percentage, 0..100")
@@ -32,7 +33,7 @@ class HttpMix:
         large = [(s, w * args.large_share / large_w) for s, w in http_large.SIZE_MIX]
         mix = [(s, w) for s, w in small + large if w > 0]
 
-        gen = lab_http.ip_gen()
+        gen = lab_http.ip_gen(args.servers)
         return ASTFProfile(default_ip_gen=gen, templates=lab_http.templates(mix, gen))
 
 

@@ -32,10 +32,11 @@ class HttpSmall:
         parser = argparse.ArgumentParser(prog="http_small.py", description=__doc__.splitlines()[0])
         parser.add_argument("--size", type=lab_http.parse_size, default=None,
                             help="play only this object size (bytes, or with k/m suffix)")
+        lab_http.add_address_args(parser)
         args = parser.parse_args(list(tunables))
 
         mix = [(args.size, 100)] if args.size else SIZE_MIX
-        gen = lab_http.ip_gen()
+        gen = lab_http.ip_gen(args.servers)
         return ASTFProfile(default_ip_gen=gen, templates=lab_http.templates(mix, gen))
 
 

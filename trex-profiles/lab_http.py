@@ -41,7 +41,26 @@ SIZE_OFFSETS = list(range(len("GET " + _PATH_PREFIX), len("GET " + _PATH_PREFIX)
 FILL = b"pep-replay/trex object body 0123456789 abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ\n"
 
 
-def ip_gen():
+def add_address_args(parser):
+    """Tunables every ASTF profile takes: --servers FIRST-LAST overrides the server pool (the lab's
+    replay test uses 198.19.0.11-198.19.0.20, since its nginx holds 198.19.0.10:80)."""
+    parser.add_argument("--servers", type=address_range, default=SERVER_RANGE,
+                        help="server pool FIRST-LAST (default %s-%s)" % SERVER_RANGE)
+
+
+def address_range(text):
+    first, sep, last = text.partition("-")
+    if not sep or not all(_is_v4(a) for a in (first, last)):
+        raise ValueError(f"bad server range {text!r}: write FIRST-LAST, e.g. 198.19.0.11-198.19.0.20")
+    return (first, last)
+
+
+def _is_v4(a):
+    parts = a.split(".")
+    return len(parts) == 4 and all(p.isdigit() and int(p) < 256 for p in parts)
+
+
+def ip_gen(servers=SERVER_RANGE):
     """Client and server pools of the lab plan.
 
     ip_offset is added once per extra TRex port pair; 0.0.1.0 keeps a second pair inside the
@@ -49,7 +68,7 @@ def ip_gen():
     """
     return ASTFIPGen(
         dist_client=ASTFIPGenDist(ip_range=list(CLIENT_RANGE), distribution="seq"),
-        dist_server=ASTFIPGenDist(ip_range=list(SERVER_RANGE), distribution="seq"),
+        dist_server=ASTFIPGenDist(ip_range=list(servers), distribution="seq"),
         glob=ASTFIPGenGlobal(ip_offset="0.0.1.0"),
     )
 
