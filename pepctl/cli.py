@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 
 from . import config as configmod
 from . import hostinfo, plan, status
@@ -181,31 +182,54 @@ def cmd_bypass(args, out) -> int:
             if not rules:
                 print(f"graph {g.name}: no bypass rules", file=out)
         return 0
-    if not args.kind or not args.value:
-        print(f"pepctl bypass {args.action}: give a rule: client NETWORK | server NETWORK | port PORT[-PORT]",
-              file=sys.stderr)
-        return 2
     try:
-        rule = bypass.parse_rule(args.kind, args.value)
+        rules = _rules_of(args)
     except bypass.RuleError as e:
         print(f"pepctl bypass {args.action}: {e}", file=sys.stderr)
         return 2
+    # One rule is named in the messages; a file's rules are counted.
+    what = f"{rules[0].kind} {rules[0].value}" if not args.from_file else \
+        f"{len(set(rules))} rule(s) from {args.from_file}"
     if args.action == "add":
-        bypass.install(cfg, g, {rule})
-        bypass.write_live(cfg, g, live | {rule})
-        print(f"graph {g.name}: bypass {rule.kind} {rule.value} added (new flows only)", file=out)
+        started = time.monotonic()
+        done = bypass.install(cfg, g, rules)
+        took = time.monotonic() - started
+        bypass.write_live(cfg, g, live | set(rules))
+        print(f"graph {g.name}: bypass {what} added (new flows only); maps written in {took:.3f} s "
+              f"({done['method']})", file=out)
         return 0
-    if rule in from_config:
-        print(f"pepctl bypass del: {rule.kind} {rule.value} is in {cfg.path} [graph.bypass]; remove it there "
-              "and run `pepctl reload`", file=sys.stderr)
+    refused = sorted(r for r in set(rules) if r in from_config)
+    if refused:
+        names = ", ".join(f"{r.kind} {r.value}" for r in refused[:5]) + (" ..." if len(refused) > 5 else "")
+        one = len(refused) == 1
+        print(f"pepctl bypass del: {names} {'is' if one else 'are'} in {cfg.path} [graph.bypass]; remove "
+              f"{'it' if one else 'them'} there and run `pepctl reload`; nothing was changed", file=sys.stderr)
         return 1
-    if rule not in live:
-        print(f"graph {g.name}: no live bypass rule {rule.kind} {rule.value}; nothing to do", file=out)
+    gone = set(rules) & live
+    if not gone:
+        print(f"graph {g.name}: no live bypass rule {what}; nothing to do", file=out)
         return 0
-    bypass.remove(cfg, g, {rule})
-    bypass.write_live(cfg, g, live - {rule})
-    print(f"graph {g.name}: bypass {rule.kind} {rule.value} removed (new flows only)", file=out)
+    bypass.remove(cfg, g, gone)
+    bypass.write_live(cfg, g, live - gone)
+    print(f"graph {g.name}: bypass {what} removed ({len(gone)} were live; new flows only)", file=out)
     return 0
+
+
+def _rules_of(args) -> list:
+    """The rules an add/del names: KIND VALUE on the command line, or --from-file FILE."""
+    from . import bypass
+    if args.from_file:
+        if args.kind:
+            raise bypass.RuleError("give either a rule (KIND VALUE) or --from-file FILE, not both")
+        try:
+            return bypass.parse_rules_file(args.from_file)
+        except OSError as e:
+            raise bypass.RuleError(f"{args.from_file}: {e.strerror}; give a file of rules, "
+                                   "one `KIND VALUE` a line") from None
+    if not args.kind or not args.value:
+        raise bypass.RuleError("give a rule: client NETWORK | server NETWORK | port PORT[-PORT], "
+                               "or --from-file FILE")
+    return [bypass.parse_rule(args.kind, args.value)]
 
 
 def _old_config(journal, cfg, g):
@@ -244,6 +268,9 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
             p.add_argument("value", nargs="?", help="a network (198.18.0.0/24, 2001:2::/48) or a port (80, 8000-8080)")
             p.add_argument("--graph", "-g", help="which graph (needed when there are several)")
             p.add_argument("--json", action="store_true", help="with list: machine-readable output")
+            p.add_argument("--from-file", metavar="FILE",
+                           help="with add/del: the rules of FILE, one `KIND VALUE` a line (# comments); "
+                                "all or nothing")
         if name == "watchdog":
             p.add_argument("graph_name", metavar="GRAPH")
     args = ap.parse_args(argv)
