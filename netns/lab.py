@@ -38,6 +38,10 @@ NODES = ("client", "switch", "proxyhost", "origin")
 ACCESS_VLAN, ORIGIN_VLAN = 100, 200
 CLIENT = ("198.18.0.10/24", "2001:2:0:1::10/64", "198.18.0.1", "2001:2:0:1::1")
 ORIGIN = ("198.19.0.10/24", "2001:2:0:2::10/64", "198.19.0.1", "2001:2:0:2::1")
+END_HOST_SYSCTLS = [
+    ("net.ipv4.tcp_rmem", "4096 131072 33554432"),
+    ("net.ipv4.tcp_wmem", "4096 65536 33554432"),
+]
 OBJECT_SIZES = {"1k": 1024, "100k": 100 * 1024, "1m": 1 << 20, "10m": 10 << 20, "50m": 50 << 20}
 
 
@@ -93,11 +97,19 @@ class Lab:
                 Step(f"address {a4} on {ns}/eth0", ["ip", "-n", ns, "addr", "add", a4, "dev", "eth0"]),
                 Step(f"address {a6} on {ns}/eth0", ["ip", "-n", ns, "addr", "add", a6, "dev", "eth0", "nodad"]),
                 Step(f"bring up {ns}/eth0", ["ip", "-n", ns, "link", "set", "eth0", "up"]),
-                Step(f"default route of {ns}", ["ip", "-n", ns, "route", "add", "default", "via", gw4]),
-                Step(f"IPv6 default route of {ns}", ["ip", "-6", "-n", ns, "route", "add", "default", "via", gw6]),
+                # End hosts run CUBIC, as subscribers' devices and servers do (this host's default
+                # is BBR, and a namespace may not pick another default: the route says it).
+                Step(f"default route of {ns}", ["ip", "-n", ns, "route", "add", "default", "via", gw4,
+                                                "congctl", "cubic"]),
+                Step(f"IPv6 default route of {ns}", ["ip", "-6", "-n", ns, "route", "add", "default", "via", gw6,
+                                                     "congctl", "cubic"]),
             ]
         steps.append(Step(f"no DAD in {cl}", ["ip", "netns", "exec", cl, "sysctl", "-q", "-w",
                                               "net.ipv6.conf.all.accept_dad=0"]))
+        for ns in (cl, og):
+            # Buffers big enough for a 600 ms satellite path at 100 Mbit/s.
+            steps += [Step(f"{key} in {ns}", ["ip", "netns", "exec", ns, "sysctl", "-q", "-w", f"{key}={value}"])
+                      for key, value in END_HOST_SYSCTLS]
         steps += self.plain_core_steps() if opts.plain else self.steered_core_steps(opts)
         steps += self.origin_steps()
         return steps
@@ -295,6 +307,7 @@ def quiet_port_steps(ports) -> list[Step]:
 
 
 NGINX_CONF = """# The lab's origin server. Written by pep-lab.
+user root;
 worker_processes 2;
 pid {run}/nginx.own.pid;
 error_log {run}/nginx-error.log warn;
@@ -316,7 +329,14 @@ http {{
         listen 198.19.0.10:80 reuseport backlog=4096;
         listen [2001:2:0:2::10]:80 reuseport backlog=4096;
         root {www};
-        location = /upload {{ client_max_body_size 0; return 200 "ok\\n"; }}
+        # Uploads: PUT /upload/NAME is written whole before the answer (so a client's upload
+        # time is the time to deliver every byte).
+        location /upload/ {{
+            alias {run}/uploads/;
+            dav_methods PUT;
+            create_full_put_path on;
+            client_max_body_size 0;
+        }}
     }}
 }}
 """
