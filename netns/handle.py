@@ -62,6 +62,9 @@ class LabHandle:
         return subprocess.Popen(self.argv(node, *cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, **kw)
 
+    def run_pep_lab(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([PEP_LAB, *args], env=self.env, capture_output=True, text=True, timeout=60)
+
     def status(self) -> dict:
         proc = subprocess.run([PEP_LAB, "status", "--json"], env=self.env, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr

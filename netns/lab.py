@@ -61,9 +61,21 @@ class Lab:
         self.prefix = f"pl{self.rid}"
         self.run_dir = os.path.join(STATE_DIR, self.rid)
 
+    @property
+    def has_link(self) -> bool:
+        return bool(self.journal.data.get("meta", {}).get("options", {}).get("link"))
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return (*NODES, "pep", *(("link",) if self.has_link else ()))
+
+    @property
+    def linkem_ctl(self) -> str:
+        return os.path.join(self.run_dir, "linkem.sock")
+
     def netns(self, node: str) -> str:
-        if node == "pep":
-            return f"{self.prefix}-pep"
+        if node in ("pep", "link"):
+            return f"{self.prefix}-{node}"
         if node not in NODES:
             raise KeyError(node)
         return f"{self.prefix}-{node}"
@@ -84,9 +96,10 @@ class Lab:
         steps += [Step(f"create namespace {self.netns(n)}", ["ip", "netns", "add", self.netns(n)],
                        undo=["ip", "netns", "del", self.netns(n)]) for n in NODES]
         # Links live in the namespaces: deleting a namespace deletes them.
-        steps += [
+        steps += self.link_steps(opts.link) if opts.link else [
             Step("cable client <-> switch", ["ip", "-n", sw, "link", "add", "p-client", "type", "veth",
-                                             "peer", "name", "eth0", "netns", cl]),
+                                             "peer", "name", "eth0", "netns", cl])]
+        steps += [
             Step("cable origin <-> switch", ["ip", "-n", sw, "link", "add", "p-origin", "type", "veth",
                                              "peer", "name", "eth0", "netns", og]),
         ]
@@ -113,6 +126,57 @@ class Lab:
         steps += self.plain_core_steps() if opts.plain else self.steered_core_steps(opts)
         steps += self.origin_steps()
         return steps
+
+    def link_steps(self, profile: str) -> list[Step]:
+        """The access link: client -- [link: linkem between to-client and to-switch] -- switch.
+
+        linkem moves frames between its two veths in userspace (-a faces the client), with
+        the profile's delay, jitter, loss and rate (this kernel has no netem). The
+        veths' far ends must not hand it 64 KB TSO/GSO frames: offloads off there."""
+        from linkem import profiles
+        link, cl, sw = self.netns("link"), self.netns("client"), self.netns("switch")
+        profiles.profile_words(profile)   # an unknown profile fails here, before anything is made
+        return [
+            Step(f"create namespace {link}", ["ip", "netns", "add", link], undo=["ip", "netns", "del", link]),
+            Step("cable client <-> link", ["ip", "-n", link, "link", "add", "to-client", "type", "veth",
+                                           "peer", "name", "eth0", "netns", cl]),
+            Step("cable link <-> switch", ["ip", "-n", link, "link", "add", "to-switch", "type", "veth",
+                                           "peer", "name", "p-client", "netns", sw]),
+            Step(f"no IPv6 in {link}", ["ip", "netns", "exec", link, "sysctl", "-q", "-w",
+                                        "net.ipv6.conf.all.disable_ipv6=1"]),
+            *[Step(f"bring up {link}/{d}", ["ip", "-n", link, "link", "set", d, "up"])
+              for d in ("to-client", "to-switch")],
+            Step(f"no TSO/GSO on {cl}/eth0", ["ip", "netns", "exec", cl, *profiles.peer_offload_argv("eth0")]),
+            Step(f"no TSO/GSO on {sw}/p-client", ["ip", "netns", "exec", sw, *profiles.peer_offload_argv("p-client")]),
+            Step(f"start linkem in {link} (profile {profile})",
+                 ["ip", "netns", "exec", link,
+                  *profiles.linkem_argv("to-client", "to-switch", profile=profile, ctl=self.linkem_ctl)],
+                 undo=["@stop-pidfile", os.path.join(self.run_dir, "linkem.pid")],
+                 background={"pidfile": os.path.join(self.run_dir, "linkem.pid"),
+                             "logfile": os.path.join(self.run_dir, "linkem.log"),
+                             "ready": lambda: os.path.exists(self.linkem_ctl) and _linkem_answers(self.linkem_ctl)}),
+        ]
+
+    def set_link(self, profile: str, overrides: list[str]) -> int:
+        from linkem import profiles
+        if not self.journal.exists:
+            print(f"pep-lab link: lab {self.name} is not up", file=sys.stderr)
+            return 1
+        if not self.has_link:
+            print(f"pep-lab link: lab {self.name} was built without an access link; "
+                  "rebuild it with `pep-lab up --link PROFILE`", file=sys.stderr)
+            return 1
+        try:
+            profiles.control(self.linkem_ctl, profiles.replace_command(profile, overrides))
+            params = profiles.control(self.linkem_ctl, "params")
+        except (profiles.ProfileError, profiles.LinkemError) as e:
+            print(f"pep-lab link: {e}", file=sys.stderr)
+            return 2
+        self.journal.data["meta"]["link"] = {"profile": profile, "overrides": overrides}
+        self.journal.save()
+        print(f"access link now: {profile} {' '.join(overrides)}")
+        print(json.dumps({k: v for k, v in params.items() if k != "ok"}))
+        return 0
 
     def steered_core_steps(self, opts: argparse.Namespace) -> list[Step]:
         """The real thing: one 802.1Q trunk, the switch and the proxy host steering with tc BPF."""
@@ -261,13 +325,22 @@ class Lab:
         if not self.journal.exists:
             print(json.dumps({"lab": self.name, "state": "down"}) if as_json else f"lab {self.name}: down")
             return 0
-        present = {n: os.path.exists(f"/run/netns/{self.netns(n)}") for n in (*NODES, "pep")}
+        present = {n: os.path.exists(f"/run/netns/{self.netns(n)}") for n in self.nodes}
         if self.journal.data["meta"]["options"].get("plain"):
             print(json.dumps({"lab": self.name, "run_id": self.rid, "plain": True, "namespaces": present}))
             return 0
         pep = subprocess.run(in_netns(self.netns("proxyhost"), [os.path.join(REPO, "scripts", "pepctl"), "-c",
                                       self.pep_config, "status", "--json"]), capture_output=True, text=True)
-        report = {"lab": self.name, "run_id": self.rid,
+        link = {}
+        if self.has_link:
+            from linkem import profiles
+            try:
+                link = {"setting": self.journal.data["meta"].get("link") or
+                        {"profile": self.journal.data["meta"]["options"]["link"], "overrides": []},
+                        "stats": profiles.control(self.linkem_ctl, "stats")}
+            except profiles.LinkemError as e:
+                link = {"error": str(e)}
+        report = {"lab": self.name, "run_id": self.rid, "access_link": link,
                   "state": "up" if self.journal.data.get("complete") and all(present.values()) else "damaged",
                   "namespaces": {n: {"name": self.netns(n), "present": ok} for n, ok in present.items()},
                   "pepctl": json.loads(pep.stdout) if pep.stdout.strip() else {"error": pep.stderr.strip()}}
@@ -286,9 +359,11 @@ class Lab:
             print(f"pep-lab exec: lab {self.name} is not up; run `pep-lab up` first", file=sys.stderr)
             return 1
         try:
+            if node not in self.nodes:
+                raise KeyError(node)
             ns = self.netns(node)
         except KeyError:
-            print(f"pep-lab exec: unknown node {node!r}; nodes: {', '.join((*NODES, 'pep'))}", file=sys.stderr)
+            print(f"pep-lab exec: unknown node {node!r}; nodes: {', '.join(self.nodes)}", file=sys.stderr)
             return 2
         if not argv:
             print("pep-lab exec: give a command after --", file=sys.stderr)
@@ -304,6 +379,15 @@ def quiet_port_steps(ports) -> list[Step]:
                                                      f"net.ipv6.conf.{dev}.disable_ipv6=1"]))
         steps.append(Step(f"bring up {ns}/{dev}", ["ip", "-n", ns, "link", "set", dev, "up"]))
     return steps
+
+
+def _linkem_answers(ctl: str) -> bool:
+    from linkem import profiles
+    try:
+        profiles.control(ctl, "stats", timeout=0.5)
+        return True
+    except profiles.LinkemError:
+        return False
 
 
 NGINX_CONF = """# The lab's origin server. Written by pep-lab.
@@ -347,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="build the lab and bring the proxy host up with pepctl")
     up.add_argument("--no-proxy", action="store_true", help="the pep namespace only routes")
+    up.add_argument("--link", metavar="PROFILE",
+                    help="put the access-link emulator between client and switch (profiles: linkem/profiles.toml)")
     up.add_argument("--plain", action="store_true",
                     help="benchmark baseline: no VLANs, no BPF steering, no pepctl: Linux bridges, pep only routes")
     up.add_argument("--interception", choices=("nft", "route"), default="nft")
@@ -354,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--splice", choices=("both", "auto", "off"), default="both")
     up.add_argument("--mode", choices=("tcp", "http"), default="tcp")
     sub.add_parser("down", help="remove everything the lab made")
+    lk = sub.add_parser("link", help="change the access link live: link PROFILE [KEY=VALUE...]")
+    lk.add_argument("profile")
+    lk.add_argument("overrides", nargs="*", help="linkem parameters, e.g. down.rate=100M loss=1 delay=25")
     st = sub.add_parser("status", help="namespaces, steering counters, HAProxy sessions")
     st.add_argument("--json", action="store_true")
     ex = sub.add_parser("exec", help="run a command in a node: exec NODE -- CMD...")
@@ -370,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         return lab.down()
     if args.command == "status":
         return lab.status(args.json)
+    if args.command == "link":
+        return lab.set_link(args.profile, args.overrides)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     return lab.exec(args.node, cmd)
 

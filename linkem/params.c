@@ -1,0 +1,148 @@
+/* KEY=VALUE parsing and JSON printing of link parameters (see params.h). */
+#include "params.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+const char *const dir_names[NDIRS] = { "a2b", "b2a" };
+
+void params_default(struct link_params *p)
+{
+	memset(p, 0, sizeof(*p));
+	p->jitter_dist = JITTER_UNIFORM;
+	p->ge_loss_bad_pct = 100.0; /* the classic Gilbert model: bad state loses all */
+}
+
+/* A finite number within [lo, hi], nothing after it. */
+static int parse_double(const char *s, double lo, double hi, double *out)
+{
+	char *end;
+	double v = strtod(s, &end);
+
+	if (end == s || *end != '\0' || !isfinite(v) || v < lo || v > hi)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+/* A non-negative count with an optional decimal multiplier k/M/G and, for
+ * rates, an optional "bit"/"bps" unit: 20M, 20Mbit, 1.5G, 64000. */
+static int parse_scaled(const char *s, int allow_bit_unit, uint64_t *out)
+{
+	char *end;
+	double v = strtod(s, &end), mult = 1;
+
+	if (end == s || !isfinite(v) || v < 0)
+		return -1;
+	switch (*end) {
+	case 'k': case 'K': mult = 1e3; end++; break;
+	case 'm': case 'M': mult = 1e6; end++; break;
+	case 'g': case 'G': mult = 1e9; end++; break;
+	}
+	if (allow_bit_unit && (!strcasecmp(end, "bit") || !strcasecmp(end, "bps")))
+		end += 3;
+	if (*end != '\0' || v * mult > 1e13)
+		return -1;
+	*out = (uint64_t)llround(v * mult);
+	return 0;
+}
+
+static int set_one(struct link_params *p, const char *key, const char *val)
+{
+	double d;
+
+	if (!strcmp(key, "delay"))
+		return parse_double(val, 0, 60000, &p->delay_ms);
+	if (!strcmp(key, "jitter"))
+		return parse_double(val, 0, 60000, &p->jitter_ms);
+	if (!strcmp(key, "jitter_dist")) {
+		if (!strcmp(val, "uniform"))
+			p->jitter_dist = JITTER_UNIFORM;
+		else if (!strcmp(val, "normal"))
+			p->jitter_dist = JITTER_NORMAL;
+		else
+			return -1;
+		return 0;
+	}
+	if (!strcmp(key, "reorder")) {
+		if (strcmp(val, "0") && strcmp(val, "1"))
+			return -1;
+		p->reorder = val[0] == '1';
+		return 0;
+	}
+	if (!strcmp(key, "loss"))
+		return parse_double(val, 0, 100, &p->loss_pct);
+	if (!strcmp(key, "ge_p"))
+		return parse_double(val, 0, 100, &p->ge_p_pct);
+	if (!strcmp(key, "ge_r"))
+		return parse_double(val, 0, 100, &p->ge_r_pct);
+	if (!strcmp(key, "ge_loss_bad"))
+		return parse_double(val, 0, 100, &p->ge_loss_bad_pct);
+	if (!strcmp(key, "ge_loss_good"))
+		return parse_double(val, 0, 100, &p->ge_loss_good_pct);
+	if (!strcmp(key, "rate"))
+		return parse_scaled(val, 1, &p->rate_bps);
+	if (!strcmp(key, "limit_bytes"))
+		return parse_scaled(val, 0, &p->limit_bytes);
+	if (!strcmp(key, "limit_ms")) {
+		if (parse_double(val, 0, 60000, &d))
+			return -1;
+		p->limit_ms = d;
+		return 0;
+	}
+	return -2;
+}
+
+static const char *const accepted =
+	"delay=MS jitter=MS jitter_dist=uniform|normal reorder=0|1 loss=PCT ge_p=PCT ge_r=PCT "
+	"ge_loss_bad=PCT ge_loss_good=PCT rate=BITS[k|M|G] limit_bytes=N[k|M] limit_ms=MS";
+
+int params_apply_kv(struct link_params p[NDIRS], const char *kv, char *err, size_t errlen)
+{
+	char key[64];
+	const char *eq = strchr(kv, '='), *name = key;
+	size_t klen;
+	int first = 0, last = NDIRS - 1, rc = 0;
+
+	if (!eq || eq == kv) {
+		snprintf(err, errlen, "'%s' is not KEY=VALUE; keys: [a2b.|b2a.]%s", kv, accepted);
+		return -1;
+	}
+	klen = (size_t)(eq - kv);
+	if (klen >= sizeof(key)) {
+		snprintf(err, errlen, "key in '%s' is too long", kv);
+		return -1;
+	}
+	memcpy(key, kv, klen);
+	key[klen] = '\0';
+	if (!strncmp(key, "a2b.", 4)) {
+		last = DIR_A2B;
+		name += 4;
+	} else if (!strncmp(key, "b2a.", 4)) {
+		first = DIR_B2A;
+		name += 4;
+	}
+	for (int d = first; d <= last && rc == 0; d++)
+		rc = set_one(&p[d], name, eq + 1);
+	if (rc == -2)
+		snprintf(err, errlen, "unknown key '%s'; keys: [a2b.|b2a.]%s", key, accepted);
+	else if (rc)
+		snprintf(err, errlen, "bad value in '%s'; forms: %s (MS, PCT may be fractional; "
+			 "PCT in 0..100, MS in 0..60000)", kv, accepted);
+	return rc ? -1 : 0;
+}
+
+int params_json(const struct link_params *p, char *buf, size_t len)
+{
+	return snprintf(buf, len,
+			"{\"delay\": %.9g, \"jitter\": %.9g, \"jitter_dist\": \"%s\", \"reorder\": %d, "
+			"\"loss\": %.9g, \"ge_p\": %.9g, \"ge_r\": %.9g, \"ge_loss_bad\": %.9g, "
+			"\"ge_loss_good\": %.9g, \"rate\": %llu, \"limit_bytes\": %llu, \"limit_ms\": %.9g}",
+			p->delay_ms, p->jitter_ms, p->jitter_dist == JITTER_NORMAL ? "normal" : "uniform",
+			p->reorder, p->loss_pct, p->ge_p_pct, p->ge_r_pct, p->ge_loss_bad_pct,
+			p->ge_loss_good_pct, (unsigned long long)p->rate_bps,
+			(unsigned long long)p->limit_bytes, p->limit_ms);
+}
