@@ -121,7 +121,9 @@ def write_live(cfg: Config, g: Graph, rules: set[Rule]) -> None:
     path = live_path(cfg, g)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump([r.as_json() for r in sorted(rules, key=lambda r: (r.kind, r.value))], f, indent=1)
+        # One rule a line; json.dump(indent=...) would take a second at 100,000 rules.
+        f.write("[\n" + ",\n".join(json.dumps(r.as_json()) for r in sorted(rules, key=lambda r: (r.kind, r.value)))
+                + "\n]\n")
     os.replace(tmp, path)
 
 

@@ -36,6 +36,7 @@ COUNTERS = (
     "pkts_fib_miss",
     "pkts_not_tcp",
     "pkts_no_flow",
+    "flows_stale",
 )
 
 SIDE_ACCESS, SIDE_ORIGIN = 1, 2                  # enum bypass_side

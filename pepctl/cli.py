@@ -207,11 +207,13 @@ def cmd_bypass(args, out) -> int:
         return 1
     gone = set(rules) & live
     if not gone:
-        print(f"graph {g.name}: no live bypass rule {what}; nothing to do", file=out)
+        none = f"none of the {what} is live" if args.from_file else f"no live bypass rule {what}"
+        print(f"graph {g.name}: {none}; nothing to do", file=out)
         return 0
     bypass.remove(cfg, g, gone)
     bypass.write_live(cfg, g, live - gone)
-    print(f"graph {g.name}: bypass {what} removed ({len(gone)} were live; new flows only)", file=out)
+    live_ones = f", {len(gone)} of them live" if args.from_file else ""
+    print(f"graph {g.name}: bypass {what} removed{live_ones} (new flows only)", file=out)
     return 0
 
 

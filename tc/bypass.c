@@ -152,6 +152,17 @@ int flow_ingress(struct __sk_buff *skb)
 	} else {
 		if (!fv)
 			return pass(CNT_PKTS_NO_FLOW);
+		/* Entries outlive their flows (LRU). A SYN-ACK that does not
+		 * answer the stored SYN belongs to another connection on the
+		 * same 4-tuple: typically HAProxy's own connection to the
+		 * origin, made from the client's address (usesrc clientip) on a
+		 * port an old bypassed flow used. Forget the old flow and leave
+		 * this one to the stack, or the origin's answer would be
+		 * forwarded to the client and the proxied connection hang. */
+		if (is_syn_ack(&p) && p.ack_seq != fv->syn_seq + 1) {
+			bpf_map_delete_elem(&flow_table, &key);
+			return pass(CNT_FLOWS_STALE);
+		}
 		verdict = fv->verdict;
 	}
 

@@ -46,6 +46,7 @@ struct tcp_pkt {
 	__be16 sport;
 	__be16 dport;
 	__u32 seq;         /* host order */
+	__u32 ack_seq;     /* host order */
 	__u8 flags;        /* TCP flags byte */
 	__u8 family;       /* 4 or 6 */
 	__u8 ttl;          /* TTL or hop limit */
@@ -143,6 +144,7 @@ static __always_inline int parse_tcp(struct __sk_buff *skb, struct tcp_pkt *p)
 	p->sport = th.sport;
 	p->dport = th.dport;
 	p->seq = bpf_ntohl(th.seq);
+	p->ack_seq = bpf_ntohl(th.ack_seq);
 	p->flags = th.flags;
 	return 0;
 }
@@ -151,6 +153,11 @@ static __always_inline int parse_tcp(struct __sk_buff *skb, struct tcp_pkt *p)
 static __always_inline int is_first_syn(const struct tcp_pkt *p)
 {
 	return (p->flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+}
+
+static __always_inline int is_syn_ack(const struct tcp_pkt *p)
+{
+	return (p->flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == (TCP_FLAG_SYN | TCP_FLAG_ACK);
 }
 
 #endif /* PEP_BYPASS_PARSE_H */

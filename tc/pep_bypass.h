@@ -100,6 +100,8 @@ enum bypass_counter {
 	CNT_PKTS_FIB_MISS,          /* bypassed packets dropped: no route (blackhole, unreachable) */
 	CNT_PKTS_NOT_TCP,           /* passed: ICMP, UDP, ... (routed by the stack) */
 	CNT_PKTS_NO_FLOW,           /* passed: TCP not a first SYN and not in flow_table */
+	CNT_FLOWS_STALE,            /* entries forgotten: a SYN-ACK answered another SYN on the same
+				     * 4-tuple (e.g. HAProxy reusing an old bypassed flow's port) */
 	CNT_MAX
 };
 

@@ -45,7 +45,7 @@ def add_address_args(parser):
     """Tunables every ASTF profile takes: --servers FIRST-LAST overrides the server pool (the lab's
     replay test uses 198.19.0.11-198.19.0.20, since its nginx holds 198.19.0.10:80)."""
     parser.add_argument("--servers", type=address_range, default=SERVER_RANGE,
-                        help="server pool FIRST-LAST (default %s-%s)" % SERVER_RANGE)
+                        help=f"server pool FIRST-LAST (default {SERVER_RANGE[0]}-{SERVER_RANGE[1]})")
 
 
 def address_range(text):

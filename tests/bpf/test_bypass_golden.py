@@ -96,13 +96,13 @@ def from_origin(l3: Packet) -> Packet:
 
 
 def tcp4(src: str, sport: int, dst: str, dport: int, flags: str = "S", seq: int = 1000, ttl: int = 64,
-         **ip) -> Packet:
-    return IP(src=src, dst=dst, ttl=ttl, **ip) / TCP(sport=sport, dport=dport, flags=flags, seq=seq)
+         ack: int = 0, **ip) -> Packet:
+    return IP(src=src, dst=dst, ttl=ttl, **ip) / TCP(sport=sport, dport=dport, flags=flags, seq=seq, ack=ack)
 
 
 def tcp6(src: str, sport: int, dst: str, dport: int, flags: str = "S", seq: int = 1000,
-         hlim: int = 64) -> Packet:
-    return IPv6(src=src, dst=dst, hlim=hlim) / TCP(sport=sport, dport=dport, flags=flags, seq=seq)
+         hlim: int = 64, ack: int = 0) -> Packet:
+    return IPv6(src=src, dst=dst, hlim=hlim) / TCP(sport=sport, dport=dport, flags=flags, seq=seq, ack=ack)
 
 
 def syn(sport: int, dport: int = 80, src: str = CLIENT, dst: str = SERVER, **kw) -> Packet:
@@ -115,10 +115,11 @@ def ack(sport: int, dport: int = 80, src: str = CLIENT, dst: str = SERVER, **kw)
     return syn(sport, dport, src, dst, flags="A", seq=1001, **kw)
 
 
-def reply(sport: int, dport: int, src: str = SERVER, dst: str = CLIENT, flags: str = "SA", **kw) -> Packet:
-    """A segment from the origin side (default: the SYN-ACK of the access side's SYN)."""
+def reply(sport: int, dport: int, src: str = SERVER, dst: str = CLIENT, flags: str = "SA", ack: int = 1001,
+          **kw) -> Packet:
+    """A segment from the origin side (default: the SYN-ACK of the access side's SYN, ISN 1000)."""
     make = tcp6 if ":" in src else tcp4
-    return from_origin(make(src, sport, dst, dport, flags=flags, seq=5000, **kw))
+    return from_origin(make(src, sport, dst, dport, flags=flags, seq=5000, ack=ack, **kw))
 
 
 def routed(frame: Packet, src_mac: str | None, dst_mac: str | None) -> Packet:
@@ -304,6 +305,12 @@ CASES = [
         Send("origin", reply(80, 40014), TC_ACT_REDIRECT, to_access(reply(80, 40014)), BYPASSED),
         Send("access", ack(40014), TC_ACT_REDIRECT, to_origin(ack(40014)), BYPASSED)],
         rules=C32),
+    Case("stale-entry", "a SYN-ACK answering another SYN on a bypassed flow's 4-tuple (HAProxy reusing "
+         "its port toward the origin) forgets the old flow and goes to the stack", [
+        Send("access", syn(40040), TC_ACT_REDIRECT, to_origin(syn(40040)), NEW_BYPASS),
+        Send("origin", reply(80, 40040, ack=777001), TC_ACT_OK, counters=cnt(flows_stale=1)),
+        Send("origin", reply(80, 40040, flags="A", ack=777001), TC_ACT_OK, counters=cnt(pkts_no_flow=1))],
+        rules=C32, flows=[Flow(CLIENT, 40040, SERVER, 80, None)]),
     Case("proxy-both-ways", "later segments of a proxied flow go to the stack, uncounted", [
         Send("access", syn(40016), TC_ACT_OK, counters=NEW_PROXY),
         Send("access", ack(40016), TC_ACT_OK),

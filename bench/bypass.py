@@ -1,0 +1,221 @@
+"""bench bypass: does the per-flow bypass slow down with 100,000 rules, and how fast do they load?
+
+Two labs side by side, proxy on, both with rules bypassing every lab client
+(client 198.18.0.0/24 and 2001:2:0:1::/64), loaded by `pepctl bypass add --from-file`:
+  10     the two, and 8 rules that match nothing
+  100k   the two, and 99,998 that match nothing: /32s and /24s in 198.18.128.0/17 (client) and
+         198.19.128.0/17 (server), /64s under 2001:2::/48 (both kinds)
+Measured alternately, REPS times:
+  new connections/s through the bypass (wrk, 1 KB, `Connection: close`): every connection's
+    first SYN does the LPM lookups in the client and server maps;
+  packets/s of one established bypassed TCP stream of small segments (iperf3 -M 500, TSO/GSO off
+    at the client so each segment is a packet): pkts_bypassed counter delta / time, both
+    directions; only the flow table is looked up;
+  the time to load 100,000 rules: wall time of the command, and of its map writes alone.
+Before measuring, each lab shows its flows are bypassed (flows_bypass_rule grows, HAProxy's
+sessions do not); every measurement checks it again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import tempfile
+import time
+from contextlib import ExitStack
+
+from netns.handle import LabHandle
+from pepctl import bypass, bypass_maps
+from pepctl import config as configmod
+
+from .common import git_rev, median, write_report
+
+LAB_CLIENTS = ["client 198.18.0.0/24", "client 2001:2:0:1::/64"]
+NO_MATCH_10 = ["client 198.18.200.0/24", "server 198.19.200.0/24", "client 198.18.128.1/32",
+               "server 198.19.128.1/32", "client 198.18.129.0/24", "server 198.19.129.0/24",
+               "client 2001:2:0:100::/64", "server 2001:2:0:101::/64"]
+MSS = 500
+WRK_LUA = os.path.join(os.path.dirname(__file__), "wrk_json.lua")
+
+
+def rules_100k() -> list[str]:
+    """99,998 rules that match no lab traffic, and the two that match every lab client."""
+    out = [f"{kind} {net}.{i}.0/24" for kind, net in (("client", "198.18"), ("server", "198.19"))
+           for i in range(128, 256)]
+    out += [f"{kind} {net}.{128 + i // 256}.{i % 256}/32" for kind, net in (("client", "198.18"), ("server", "198.19"))
+            for i in range(32768)]
+    # /64s under 2001:2::/48 from 2001:2:0:100::/64 on: clear of the lab's 2001:2:0:1:: and :2::.
+    out += [f"{('client', 'server')[i % 2]} 2001:2:0:{0x100 + i:x}::/64" for i in range(100_000 - 2 - len(out))]
+    return LAB_CLIENTS + out
+
+
+VARIANTS = {"10": LAB_CLIENTS + NO_MATCH_10, "100k": rules_100k()}
+
+
+class Lab:
+    """A lab, its graph's pins, and what its flows did."""
+
+    def __init__(self, handle: LabHandle):
+        self.h = handle
+        cfg = configmod.load(os.path.join(handle.run_dir, "pep.toml"))
+        self.pins = bypass.graph_pins(cfg, cfg.graphs[0])
+
+    def counters(self) -> dict[str, int]:
+        return bypass_maps.read_counters(self.pins)
+
+    def sessions(self) -> int:
+        return self.h.status()["pepctl"]["graphs"][0]["proxy"]["sessions_total"]
+
+
+def install(lab: Lab, rules: list[str], folder: str) -> dict:
+    """`pepctl bypass add --from-file`; its wall time, and the map writes' time and method it prints."""
+    path = os.path.join(folder, f"rules-{len(rules)}.txt")
+    with open(path, "w") as f:
+        f.write("# bench bypass\n" + "\n".join(rules) + "\n")
+    started = time.monotonic()
+    out = lab.h.pepctl("bypass", "add", "--from-file", path).stdout
+    wall = time.monotonic() - started
+    m = re.search(r"maps written in ([\d.]+) s \((\S+)\)", out)
+    if not m:
+        raise SystemExit(f"bench bypass: cannot read the map time from pepctl's answer: {out!r}")
+    return {"wall_s": wall, "maps_s": float(m.group(1)), "method": m.group(2)}
+
+
+def uninstall(lab: Lab, rules: list[str], folder: str) -> None:
+    path = os.path.join(folder, f"rules-{len(rules)}.txt")
+    lab.h.pepctl("bypass", "del", "--from-file", path)
+
+
+def check_bypassed(lab: Lab, name: str, c0: dict, s0: int, new_flows: int) -> None:
+    c1, s1 = lab.counters(), lab.sessions()
+    grew = c1["flows_bypass_rule"] - c0["flows_bypass_rule"]
+    if s1 != s0 or grew < new_flows or c1["flows_proxied"] != c0["flows_proxied"]:
+        raise SystemExit(f"bench bypass: lab {name}: flows not bypassed: HAProxy sessions {s0} -> {s1}, "
+                         f"flows_bypass_rule +{grew} (expected >= {new_flows}), flows_proxied "
+                         f"{c0['flows_proxied']} -> {c1['flows_proxied']}")
+
+
+def verify(lab: Lab, name: str) -> None:
+    c0, s0 = lab.counters(), lab.sessions()
+    for url in ("http://198.19.0.10/1k", "http://[2001:2:0:2::10]/1k"):
+        for _ in range(3):
+            lab.h.run("client", "curl", "-sS", "-g", "-m", "5", "-o", "/dev/null", url)
+    check_bypassed(lab, name, c0, s0, 6)
+
+
+def new_connections(lab: Lab, name: str, seconds: float) -> float:
+    c0, s0 = lab.counters(), lab.sessions()
+    out = lab.h.run("client", "wrk", "-t1", "-c16", f"-d{seconds:g}s", "-s", WRK_LUA, "-H", "Connection: close",
+                    "http://198.19.0.10/1k", timeout=seconds + 30).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    if r["errors"] or r["status_errors"]:
+        raise SystemExit(f"bench bypass: lab {name}: wrk errors: {r}")
+    check_bypassed(lab, name, c0, s0, r["requests"])
+    return r["requests"] / (r["duration_us"] / 1e6)
+
+
+def stream_pps(lab: Lab, name: str, seconds: float) -> float:
+    """pkts_bypassed per second over the steady middle of one iperf3 stream (1 s skipped each end)."""
+    srv = lab.h.popen("origin", "iperf3", "-s", "-1", "-B", "198.19.0.10", "-p", "5201")
+    try:
+        deadline = time.monotonic() + 5
+        while not lab.h.run("origin", "ss", "-Hltn", "sport = :5201", check=False).stdout.strip():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"bench bypass: lab {name}: iperf3 server did not listen")
+            time.sleep(0.02)
+        c0, s0 = lab.counters(), lab.sessions()
+        client = lab.h.popen("client", "iperf3", "-c", "198.19.0.10", "-p", "5201", "-t", f"{seconds:g}",
+                             "-M", str(MSS), "-J")
+        time.sleep(1.0)
+        p0, t0 = lab.counters()["pkts_bypassed"], time.monotonic()
+        time.sleep(seconds - 2.0)
+        p1, t1 = lab.counters()["pkts_bypassed"], time.monotonic()
+        out, err = client.communicate(timeout=seconds + 30)
+        if client.returncode != 0:
+            raise SystemExit(f"bench bypass: lab {name}: iperf3 failed: {err or out[-500:]}")
+        check_bypassed(lab, name, c0, s0, 2)   # iperf3's control and data connections
+        return (p1 - p0) / (t1 - t0)
+    finally:
+        srv.kill()
+        srv.wait()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="bench bypass", description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=4)
+    args = ap.parse_args()
+    if args.seconds < 3:
+        ap.error("--seconds: at least 3 (the packet rate skips the first and last second)")
+    samples = {m: {v: [] for v in VARIANTS} for m in ("conn_per_s", "stream_pps")}
+    installs: list[dict] = []
+    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="hbbench-") as folder:
+        # Named hb...: other sessions run labs on this machine at the same time.
+        lab = {v: Lab(stack.enter_context(LabHandle.up(f"hb{secrets.token_hex(3)}", []))) for v in VARIANTS}
+        for v, rules in VARIANTS.items():
+            got = install(lab[v], rules, folder)
+            print(f"lab {v}: {len(rules):,} rules loaded in {got['wall_s']:.2f} s "
+                  f"(maps {got['maps_s']:.3f} s, {got['method']})", flush=True)
+            if v == "100k":
+                installs.append(got)
+            listed = json.loads(lab[v].h.pepctl("bypass", "list", "--json").stdout)["rules"]
+            if len(listed) != len(rules):
+                raise SystemExit(f"bench bypass: lab {v}: {len(listed)} rules listed, {len(rules)} loaded")
+            # Small segments: without TSO/GSO each MSS-sized segment is its own packet.
+            lab[v].h.run("client", "ethtool", "-K", "eth0", "tso", "off", "gso", "off")
+            verify(lab[v], v)
+        for rep in range(args.reps):
+            order = list(VARIANTS) if rep % 2 == 0 else list(VARIANTS)[::-1]
+            for v in order:
+                samples["conn_per_s"][v].append(new_connections(lab[v], v, args.seconds))
+                samples["stream_pps"][v].append(stream_pps(lab[v], v, args.seconds))
+                print(f"rep {rep + 1}/{args.reps} {v:<5} {samples['conn_per_s'][v][-1]:9,.0f} new conn/s  "
+                      f"{samples['stream_pps'][v][-1]:11,.0f} pkts/s bypassed", flush=True)
+        # More load times of 100,000 rules: remove them all and load them again.
+        for _ in range(args.reps - 1):
+            uninstall(lab["100k"], VARIANTS["100k"], folder)
+            installs.append(install(lab["100k"], VARIANTS["100k"], folder))
+            print(f"reload of 100,000 rules: {installs[-1]['wall_s']:.2f} s (maps {installs[-1]['maps_s']:.3f} s)",
+                  flush=True)
+
+    med = {m: {v: median(x) for v, x in s.items()} for m, s in samples.items()}
+    ratios = {m: med[m]["100k"] / med[m]["10"] for m in med}
+    load = {"wall_s": median([i["wall_s"] for i in installs]), "maps_s": median([i["maps_s"] for i in installs]),
+            "method": installs[0]["method"], "samples": installs}
+    table = [["metric", "10 rules", "100,000 rules", "ratio 100k/10", "acceptance"],
+             ["new connections/s through the bypass (1 KB, Connection: close)", f"{med['conn_per_s']['10']:,.0f}",
+              f"{med['conn_per_s']['100k']:,.0f}", f"{ratios['conn_per_s']:.3f}",
+              ">= 0.95 " + ("ok" if ratios["conn_per_s"] >= 0.95 else "MISSED")],
+             [f"packets/s of a bypassed stream (MSS {MSS}, both directions)", f"{med['stream_pps']['10']:,.0f}",
+              f"{med['stream_pps']['100k']:,.0f}", f"{ratios['stream_pps']:.3f}",
+              ">= 0.95 " + ("ok" if ratios["stream_pps"] >= 0.95 else "MISSED")],
+             ["load 100,000 rules: `pepctl bypass add --from-file`, wall s", "", f"{load['wall_s']:.2f}", "",
+              "< 2 s " + ("ok" if load["wall_s"] < 2 else "MISSED")],
+             [f"  of which map writes, s ({load['method']})", "", f"{load['maps_s']:.3f}", "",
+              "< 2 s " + ("ok" if load["maps_s"] < 2 else "MISSED")]]
+
+    def plot(plt):
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+        for ax, (m, title) in zip(axes, (("conn_per_s", "new connections/s"),
+                                         ("stream_pps", f"bypassed packets/s (MSS {MSS})")), strict=False):
+            ax.bar(["10 rules", "100,000 rules"], [med[m]["10"], med[m]["100k"]], color=["#888", "#37a"])
+            ax.set_title(f"{title}\nratio {ratios[m]:.3f}")
+        ax = axes[2]
+        ax.bar(["command (wall)", "map writes"], [load["wall_s"], load["maps_s"]], color=["#37a", "#3a7"])
+        ax.axhline(2.0, color="r", lw=0.8)
+        ax.set_title(f"load 100,000 rules, s ({load['method']})")
+        fig.suptitle(f"Per-flow bypass: 10 vs 100,000 rules (medians of {args.reps})", y=1.06)
+        return fig
+
+    write_report("bypass", {"reps": args.reps, "seconds": args.seconds, "commit": git_rev(),
+                            "command": "./scripts/bench bypass", "mss": MSS, "client_offloads": "tso off, gso off",
+                            "rules": {v: len(r) for v, r in VARIANTS.items()}, "medians": med, "ratios": ratios,
+                            "install_100k": load, "samples": samples}, table, plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
