@@ -21,25 +21,13 @@ def say(text: str = "") -> None:
     print(text, flush=True)
 
 
-def origin_peer(lab: LabHandle, tag: str) -> str:
-    path = os.path.join(lab.run_dir, "origin-access.log")
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        with open(path) as f:
-            for line in f:
-                if tag in line:
-                    return line.split()[0]
-        time.sleep(0.1)
-    return "?"
-
-
 def show_requests(lab: LabHandle) -> None:
     say("1. The client fetches the origin's page; the proxy answers as the origin, and connects to")
     say("   the origin as the client (transparent both ways):")
     for fam, url in (("IPv4", "http://198.19.0.10/"), ("IPv6", "http://[2001:2:0:2::10]/")):
         tag = f"demo{secrets.token_hex(3)}"
         body = lab.run("client", "curl", "-s", "-m", "5", f"{url}?{tag}", check=False).stdout.strip()
-        say(f"   {fam}: client got {body!r}; the origin saw the request come from {origin_peer(lab, tag)}")
+        say(f"   {fam}: client got {body!r}; the origin saw the request come from {lab.origin_peer(tag)}")
     say()
 
 

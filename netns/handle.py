@@ -62,6 +62,15 @@ class LabHandle:
         return subprocess.Popen(self.argv(node, *cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, **kw)
 
+    def origin_peer(self, tag: str, timeout: float = 5) -> str:
+        """The peer address the origin's access log gives for the request whose URL holds tag."""
+        path = os.path.join(self.run_dir, "origin-access.log")
+
+        def find():
+            with open(path) as f:
+                return next((line.split()[0] for line in f if tag in line), None)
+        return wait_until(find, timeout=timeout, what=f"origin access log line for {tag}")
+
     def run_pep_lab(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([PEP_LAB, *args], env=self.env, capture_output=True, text=True, timeout=60)
 

@@ -57,16 +57,10 @@ def parse_rule(kind: str, value: str) -> Rule:
 def _canonical_net(value: str) -> str | None:
     """str(ip_network(value)) by inet_pton/inet_ntop, several times quicker (it counts at 100,000
     rules); None for anything unusual (netmasks, mapped IPv6, errors), which ipaddress then judges."""
-    addr, slash, plen = value.partition("/")
-    family, bits = (socket.AF_INET6, 128) if ":" in addr else (socket.AF_INET, 32)
-    if not slash or not (plen.isascii() and plen.isdigit()) or plen != str(int(plen)) or int(plen) > bits:
+    got = bypass_maps.fast_prefix(value)
+    if got is None:
         return None
-    try:
-        packed = socket.inet_pton(family, addr)
-    except OSError:
-        return None
-    if int.from_bytes(packed, "big") & ((1 << (bits - int(plen))) - 1):
-        return None   # host bits set: ipaddress says so in its own words
+    family, packed, plen = got
     text = socket.inet_ntop(family, packed)
     return None if "." in text and family == socket.AF_INET6 else f"{text}/{plen}"
 

@@ -38,7 +38,7 @@ static __always_inline int decrement_ttl(struct __sk_buff *skb, const struct tcp
 
 	/* The checksum covers TTL as the high byte of the 16-bit word it
 	 * shares with the protocol: replace that word in the sum. */
-	if (read_at(skb, IP4_TTL_OFF, &old_word, sizeof(old_word)))
+	if (load_hdr(skb, IP4_TTL_OFF, &old_word, sizeof(old_word)))
 		return -1;
 	new_word = old_word;
 	*(__u8 *)&new_word = ttl;

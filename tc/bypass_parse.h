@@ -22,6 +22,7 @@
 #include <linux/ipv6.h>
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
+#include "skb_read.h"
 
 #define IP4_MF 0x2000        /* more fragments */
 #define IP4_OFFSET 0x1fff    /* fragment offset, in 8-byte units */
@@ -55,24 +56,6 @@ struct tcp_pkt {
 	__u32 l4_off;      /* where the TCP header starts */
 };
 
-/*
- * Copies len header bytes at off into to. Headers sit in the linear area on
- * every path we know, so direct access is the rule; the helper copy covers
- * a frame whose headers are paged. Non-zero: the frame ends before off + len.
- * off is bounded by the callers (at most ETH_HLEN + 60), which the verifier
- * needs for the direct access.
- */
-static __always_inline int read_at(struct __sk_buff *skb, __u32 off, void *to, __u32 len)
-{
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-
-	if (data + off + len <= data_end) {
-		__builtin_memcpy(to, data + off, len);
-		return 0;
-	}
-	return bpf_skb_load_bytes(skb, off, to, len);
-}
 
 static __always_inline void v4_mapped(__u8 *to, __be32 addr)
 {
@@ -87,7 +70,7 @@ static __always_inline int parse_ip4(struct __sk_buff *skb, struct tcp_pkt *p)
 	struct iphdr ip;
 	__u32 ihl;
 
-	if (read_at(skb, ETH_HLEN, &ip, sizeof(ip)))
+	if (load_hdr(skb, ETH_HLEN, &ip, sizeof(ip)))
 		return -1;
 	ihl = ip.ihl;
 	if (ip.version != 4 || ihl < 5)
@@ -109,7 +92,7 @@ static __always_inline int parse_ip6(struct __sk_buff *skb, struct tcp_pkt *p)
 {
 	struct ipv6hdr ip6;
 
-	if (read_at(skb, ETH_HLEN, &ip6, sizeof(ip6)))
+	if (load_hdr(skb, ETH_HLEN, &ip6, sizeof(ip6)))
 		return -1;
 	if (ip6.version != 6 || ip6.nexthdr != IPPROTO_TCP)
 		return -1;
@@ -128,7 +111,7 @@ static __always_inline int parse_tcp(struct __sk_buff *skb, struct tcp_pkt *p)
 	struct tcp_head th;
 	__be16 proto;
 
-	if (read_at(skb, offsetof(struct ethhdr, h_proto), &proto, sizeof(proto)))
+	if (load_hdr(skb, offsetof(struct ethhdr, h_proto), &proto, sizeof(proto)))
 		return -1;
 	if (proto == bpf_htons(ETH_P_IP)) {
 		if (parse_ip4(skb, p))
@@ -139,7 +122,7 @@ static __always_inline int parse_tcp(struct __sk_buff *skb, struct tcp_pkt *p)
 	} else {
 		return -1;
 	}
-	if (read_at(skb, p->l4_off, &th, sizeof(th)))
+	if (load_hdr(skb, p->l4_off, &th, sizeof(th)))
 		return -1;
 	p->sport = th.sport;
 	p->dport = th.dport;

@@ -20,6 +20,7 @@
 #include <linux/if_ether.h>
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
+#include "skb_read.h"
 
 #define VLAN_VID_MASK 0x0fff
 #define ETH_TYPE_OFF 12        /* ethertype (or TPID) after the two MACs */
@@ -36,23 +37,6 @@ struct outer_tag {
 	__u16 inner;  /* host order ethertype that follows the tag */
 };
 
-/*
- * Copies len header bytes at off into to. Headers this short sit in the
- * linear area on every path we know, so direct access is the rule; the
- * helper copy covers a paged frame. Non-zero means the frame is shorter
- * than off + len.
- */
-static __always_inline int load_hdr(struct __sk_buff *skb, __u32 off, void *to, __u32 len)
-{
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-
-	if (data + off + len <= data_end) {
-		__builtin_memcpy(to, data + off, len);
-		return 0;
-	}
-	return bpf_skb_load_bytes(skb, off, to, len);
-}
 
 static __always_inline enum tag_kind read_outer_tag(struct __sk_buff *skb, struct outer_tag *tag)
 {

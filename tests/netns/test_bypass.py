@@ -152,18 +152,6 @@ def verdict_of(graph: Graph, subscriber: str, port: int) -> str | None:
     return None
 
 
-def access_log_peer(lab, tag: str) -> str:
-    path = os.path.join(lab.run_dir, "origin-access.log")
-
-    def find():
-        with open(path) as f:
-            for line in f:
-                if tag in line:
-                    return line.split()[0]
-        return None
-    return wait_until(find, timeout=5, what=f"origin access log line for {tag}")
-
-
 def idle(lab) -> None:
     """No proxied connection left from an earlier test (they would move the nft counters)."""
     wait_until(lambda: graph_status(lab)["proxy"]["sessions_current"] == 0, timeout=10,
@@ -258,7 +246,7 @@ def test_bypassed_flow_skips_haproxy_and_nft(lab, graph, tmp_path, fam):
     c0, s0, n0 = counters(graph), sessions(lab), nft_counters(lab)
     port, tag = fetch(lab, tmp_path, fam, client)
     c1, s1, n1 = counters(graph), sessions(lab), nft_counters(lab)
-    assert access_log_peer(lab, tag) == client, f"origin log: expected peer {client}"
+    assert lab.origin_peer(tag) == client, f"origin log: expected peer {client}"
     assert verdict_of(graph, client, port) == "bypass_rule", f"pep flow_table: {client} port {port}"
     assert s1 == s0, f"HAProxy sessions_total: a bypassed flow moved it from {s0} to {s1}"
     assert n1 == n0, f"pep nft counters: a bypassed flow moved them: {grew(n0, n1)}"
@@ -270,7 +258,7 @@ def test_bypassed_flow_skips_haproxy_and_nft(lab, graph, tmp_path, fam):
     # The same request without the rule is proxied, and all of the above move: the checks can tell.
     lab.pepctl("bypass", "del", "client", f"{client}/{plen}")
     port, tag = fetch(lab, tmp_path, fam, client)
-    assert access_log_peer(lab, tag) == client, f"origin log: expected peer {client}"
+    assert lab.origin_peer(tag) == client, f"origin log: expected peer {client}"
     assert verdict_of(graph, client, port) == "proxy", f"pep flow_table: {client} port {port}"
     wait_until(lambda: sessions(lab) == s1 + 1, timeout=3, what=f"HAProxy sessions_total {s1 + 1}")
     n2 = nft_counters(lab)

@@ -30,18 +30,6 @@ def sessions(lab) -> int:
     return lab.status()["pepctl"]["graphs"][0]["proxy"]["sessions_total"]
 
 
-def access_log_peer(lab, tag: str) -> str:
-    path = os.path.join(lab.run_dir, "origin-access.log")
-
-    def find():
-        with open(path) as f:
-            for line in f:
-                if tag in line:
-                    return line.split()[0]
-        return None
-    return wait_until(find, timeout=5, what=f"origin access log line for {tag}")
-
-
 @pytest.mark.parametrize("url,client", [("http://198.19.0.10/", "198.18.0.10"),
                                         ("http://[2001:2:0:2::10]/", "2001:2:0:1::10")])
 def test_origin_sees_client_address_and_haproxy_counts_it(lab, url, client):
@@ -49,7 +37,7 @@ def test_origin_sees_client_address_and_haproxy_counts_it(lab, url, client):
     tag = f"t{secrets.token_hex(4)}"
     body = lab.run("client", "curl", "-s", "-m", "5", f"{url}?{tag}").stdout
     assert "PEP lab origin" in body, f"client: curl {url}: {body[:200]!r}"
-    peer = access_log_peer(lab, tag)
+    peer = lab.origin_peer(tag)
     assert peer == client, f"origin log: expected peer {client}, got {peer}"
     after = wait_until(lambda: sessions(lab) > before and sessions(lab), timeout=3, what="HAProxy stot")
     assert after == before + 1, f"HAProxy sessions_total: expected {before + 1}, got {after}"
