@@ -149,6 +149,13 @@ def test_reload_refuses_structural_change_and_changes_nothing(lab):
     assert "PEP lab origin" in lab.run("client", "curl", "-s", "-m", "5", "http://198.19.0.10/").stdout
 
 
+def test_prometheus_exporter_counts_sessions(lab):
+    lab.run("client", "curl", "-s", "-m", "5", "-o", "/dev/null", "http://198.19.0.10/")
+    text = lab.run("pep", "curl", "-s", "-m", "5", "http://127.0.0.1:9101/metrics").stdout
+    m = re.search(r'^haproxy_frontend_sessions_total\{proxy="intercept"\} (\d+)', text, re.M)
+    assert m and int(m.group(1)) >= 1, f"pep: /metrics has no intercept sessions: {text[:300]!r}"
+
+
 def test_lab_status_is_up(lab):
     proc = subprocess.run([PEP_LAB, "status"], env=lab.env, capture_output=True, text=True)
     assert proc.returncode == 0 and "up" in proc.stdout and "haproxy pid" in proc.stdout, proc.stdout
