@@ -2,7 +2,7 @@
 
 The maps in the graph's pin folder are the datapath's truth. pepctl keeps
 two records beside them, in the graph's run folder: the live rules
-(bypass-live.json), and the config rules installed by the last up/reload
+(bypass-live.rules), and the config rules installed by the last up/reload
 (read from the journal). Changing a rule changes only new flows: every flow
 keeps the verdict of its first SYN (tc/pep_bypass.h).
 """
@@ -10,7 +10,6 @@ keeps the verdict of its first SYN (tc/pep_bypass.h).
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import socket
 from dataclasses import dataclass
@@ -29,6 +28,11 @@ class Rule:
 
     def as_json(self) -> dict:
         return {"kind": self.kind, "value": self.value}
+
+
+def rule_order(r: Rule) -> tuple[str, str]:
+    """Sort key: tuples compare in C, ten times quicker than the dataclass's order at 100k rules."""
+    return (r.kind, r.value)
 
 
 class RuleError(ValueError):
@@ -100,13 +104,16 @@ def graph_pins(cfg: Config, g: Graph) -> str:
 
 
 def live_path(cfg: Config, g: Graph) -> str:
-    return os.path.join(graph_names(cfg, g).dir, "bypass-live.json")
+    # In the format of `bypass add --from-file`, so an operator can copy it elsewhere.
+    return os.path.join(graph_names(cfg, g).dir, "bypass-live.rules")
 
 
 def read_live(cfg: Config, g: Graph) -> set[Rule]:
+    """pepctl wrote this file from checked rules: read it without checking them again (it counts
+    at 100,000 rules)."""
     try:
         with open(live_path(cfg, g)) as f:
-            return {Rule(r["kind"], r["value"]) for r in json.load(f)}
+            return {Rule(*line.split()) for line in f if line.strip() and not line.startswith("#")}
     except FileNotFoundError:
         return set()
 
@@ -115,9 +122,8 @@ def write_live(cfg: Config, g: Graph, rules: set[Rule]) -> None:
     path = live_path(cfg, g)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        # One rule a line; json.dump(indent=...) would take a second at 100,000 rules.
-        f.write("[\n" + ",\n".join(json.dumps(r.as_json()) for r in sorted(rules, key=lambda r: (r.kind, r.value)))
-                + "\n]\n")
+        f.write("# live bypass rules of this graph, written by pepctl bypass add/del\n")
+        f.writelines(f"{r.kind} {r.value}\n" for r in sorted(rules, key=rule_order))
     os.replace(tmp, path)
 
 

@@ -15,6 +15,7 @@ result of add_rules says which ran.
 from __future__ import annotations
 
 import errno
+import functools
 import ipaddress
 import os
 import socket
@@ -76,6 +77,7 @@ def network(value: str | Network) -> Network:
                          f"or 2001:2:0:1::/64") from None
 
 
+@functools.lru_cache(maxsize=1 << 18)   # a rule is parsed when checked and again when encoded
 def fast_prefix(text: str) -> tuple[int, bytes, int] | None:
     """(family, packed address, prefix length) of "address/len" text via inet_pton, ten times
     quicker than ipaddress (it counts at 100k rules); None for anything unusual (netmasks, host
