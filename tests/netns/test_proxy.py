@@ -149,6 +149,27 @@ def test_reload_refuses_structural_change_and_changes_nothing(lab):
     assert "PEP lab origin" in lab.run("client", "curl", "-s", "-m", "5", "http://198.19.0.10/").stdout
 
 
+def test_client_reusing_its_port_is_not_delayed_by_time_wait(lab):
+    """A client reusing a source port whose previous connection sits in TIME_WAIT in the proxy
+    namespace: its new SYN must reach HAProxy's listener at once (tproxy), not the TIME_WAIT socket,
+    which would answer with a stale ACK and make the client retransmit its SYN."""
+    def syn_retransmits() -> int:
+        out = lab.run("client", "nstat", "-az", "TcpExtTCPSynRetrans").stdout
+        return int(re.search(r"TcpExtTCPSynRetrans\s+(\d+)", out).group(1))
+    # Read to EOF before closing: the proxy closes first, so TIME_WAIT is on its side, not ours.
+    get = ("import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+           "s.bind(('198.18.0.10',40999));s.settimeout(5);s.connect(('198.19.0.10',80));"
+           "s.sendall(b'GET / HTTP/1.1\\r\\nHost: o\\r\\nConnection: close\\r\\n\\r\\n');d=b''\n"
+           "while (c:=s.recv(65536)): d+=c\nprint(d.decode().split('\\r\\n')[0])")
+    before = syn_retransmits()
+    for _ in range(4):
+        status = lab.run("client", PYTHON, "-c", get).stdout.strip()
+        assert status == "HTTP/1.1 200 OK", f"client: GET from port 40999: {status!r}"
+    tw = lab.run("pep", "ss", "-Htan", "state", "time-wait", "sport = :80", "dport = :40999").stdout
+    assert tw.strip(), "pep: no TIME_WAIT socket for port 40999: the test did not set up the case"
+    assert syn_retransmits() == before, "client: SYNs were retransmitted: a SYN hit a TIME_WAIT socket"
+
+
 def test_prometheus_exporter_counts_sessions(lab):
     lab.run("client", "curl", "-s", "-m", "5", "-o", "/dev/null", "http://198.19.0.10/")
     text = lab.run("pep", "curl", "-s", "-m", "5", "http://127.0.0.1:9101/metrics").stdout

@@ -193,7 +193,8 @@ def test_nft_rules():
     rules = [x.strip() for x in text.splitlines() if x.startswith("\t\t")]
     assert rules[0] == "type filter hook prerouting priority mangle; policy accept;"
     on = 'iifname { "c_in", "s_in" } meta l4proto tcp'
-    assert rules[1] == f'{on} socket transparent 1 counter name "proxied" meta mark set 0x10 accept'
+    assert rules[1] == (f'{on} tcp flags & (syn | ack) != syn socket transparent 1 counter name "proxied" '
+                        'meta mark set 0x10 accept')
     ports = "tcp dport { 80, 443, 8000-8080 }"
     assert rules[2] == (f'{on} meta nfproto ipv4 {ports} counter name "intercepted_v4" '
                         "tproxy ip to :50080 meta mark set 0x10 accept")
