@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import bypass_maps
 from .config import Bypass, Config, Graph, _port_range
@@ -21,18 +21,13 @@ from .plan import graph_names, pin_dir
 KINDS = ("client", "server", "port")
 
 
-@dataclass(frozen=True, order=True)
-class Rule:
+class Rule(NamedTuple):
+    """A tuple, not a dataclass: made, hashed and sorted in C, which counts at 100,000 rules."""
     kind: str        # client | server | port
     value: str       # "198.18.0.0/24" | "2001:2::/48" | "80" | "8000-8080"
 
     def as_json(self) -> dict:
         return {"kind": self.kind, "value": self.value}
-
-
-def rule_order(r: Rule) -> tuple[str, str]:
-    """Sort key: tuples compare in C, ten times quicker than the dataclass's order at 100k rules."""
-    return (r.kind, r.value)
 
 
 class RuleError(ValueError):
@@ -123,7 +118,7 @@ def write_live(cfg: Config, g: Graph, rules: set[Rule]) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write("# live bypass rules of this graph, written by pepctl bypass add/del\n")
-        f.writelines(f"{r.kind} {r.value}\n" for r in sorted(rules, key=rule_order))
+        f.writelines(f"{r.kind} {r.value}\n" for r in sorted(rules))
     os.replace(tmp, path)
 
 

@@ -171,8 +171,8 @@ def cmd_bypass(args, out) -> int:
     live = bypass.read_live(cfg, g)
     from_config = bypass.config_rules(g.bypass)
     if args.action == "list":
-        rules = [{**r.as_json(), "source": "config"} for r in sorted(from_config, key=bypass.rule_order)]
-        rules += [{**r.as_json(), "source": "live"} for r in sorted(live - from_config, key=bypass.rule_order)]
+        rules = [{**r.as_json(), "source": "config"} for r in sorted(from_config)]
+        rules += [{**r.as_json(), "source": "live"} for r in sorted(live - from_config)]
         if args.json:
             json.dump({"graph": g.name, "rules": rules, "counters": bypass.counters(cfg, g)}, out, indent=2)
             print(file=out)
