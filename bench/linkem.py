@@ -56,6 +56,22 @@ def measure(lab, delay_ms: float | None, seconds: float) -> dict:
             "linkem_cpu_pct": 100 * (cpu_seconds(pid) - cpu0) / wall, "drop_rx": drop_rx(lab) - drops}
 
 
+def plot(result: dict, reps: int):
+    def draw(plt):
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        names = list(result)
+        bars = ax.bar(names, [result[n]["gbps"] for n in names], color=["#888", "#3a7", "#37a"])
+        ax.bar_label(bars, fmt="%.2f")
+        # Log scale: the kernel's direct veth path (with GSO) is ~20x what a per-frame userspace line carries.
+        ax.set_yscale("log")
+        ax.axhline(TARGET_GBPS, color="r", linestyle="--", label=f"target at 50 ms RTT ({TARGET_GBPS:g} Gbit/s)")
+        ax.set_ylabel("TCP Gbit/s (one stream, log)")
+        ax.legend(loc="upper right")
+        ax.set_title(f"linkem capacity (medians of {reps})")
+        return fig
+    return draw
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="bench linkem", description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)
@@ -87,19 +103,10 @@ def main() -> int:
     verdict = "meets" if at50 >= TARGET_GBPS else "MISSES"
     print(f"linkem at 50 ms RTT: {at50:.2f} Gbit/s, {verdict} the {TARGET_GBPS:g} Gbit/s target")
 
-    def plot(plt):
-        fig, ax = plt.subplots(figsize=(6, 3.6))
-        names = list(result)
-        ax.bar(names, [result[n]["gbps"] for n in names], color=["#888", "#3a7", "#37a"])
-        ax.axhline(TARGET_GBPS, color="r", linestyle="--", label=f"target at 50 ms RTT ({TARGET_GBPS:g} Gbit/s)")
-        ax.set_ylabel("TCP Gbit/s (one stream)")
-        ax.legend()
-        ax.set_title(f"linkem capacity (medians of {args.reps})")
-        return fig
-
     write_report("linkem", {"reps": args.reps, "seconds": args.seconds, "commit": git_rev(),
                             "command": "./scripts/bench linkem", "target_gbps_50ms": TARGET_GBPS,
-                            "meets_target": at50 >= TARGET_GBPS, "results": result}, table, plot)
+                            "meets_target": at50 >= TARGET_GBPS, "results": result}, table,
+                 plot(result, args.reps))
     return 0
 
 
