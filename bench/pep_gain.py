@@ -137,6 +137,49 @@ def plot_grid(results: list[dict], keys: list[str]):
     return plot
 
 
+LABELS = {"short_100KB_s": "100 KB flow completion time, e2e / proxy"}
+
+
+def label(key: str) -> str:
+    if key in LABELS:
+        return LABELS[key]
+    direction, size, _ = key.split("_")
+    return f"{size[:-2]} MB {'download' if direction == 'down' else 'upload'} goodput, proxy / e2e"
+
+
+def gain_matrix(results: list[dict], key: str) -> list[str]:
+    """One markdown table of the gain: a row per RTT, a column per (rate, loss)."""
+    rates = sorted({c["rate_mbit"] for c in results})
+    losses = sorted({c["loss_pct"] for c in results})
+    rtts = sorted({c["rtt_ms"] for c in results})
+    cell = {(c["rtt_ms"], c["loss_pct"], c["rate_mbit"]): c["ratio"].get(key) for c in results}
+    head = ["RTT"] + [f"{rate:g} Mbit/s, {lo:g}% loss" for rate in rates for lo in losses]
+    lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
+    for rtt in rtts:
+        row = [f"{rtt:g} ms"]
+        for rate in rates:
+            for lo in losses:
+                x = cell.get((rtt, lo, rate))
+                row.append("-" if x is None or x != x else f"{x:.2f}")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def write_markdown(path: str, results: list[dict], reps: int) -> None:
+    """The gain matrices (for the README), then every cell's medians."""
+    keys = list(results[0]["proxy"]) if results else []
+    with open(path, "w") as f:
+        for key in keys:
+            f.write(f"\n**{label(key)}** (median of {reps}; above 1: the PEP is better)\n\n")
+            f.write("\n".join(gain_matrix(results, key)) + "\n")
+        for key in keys:
+            f.write(f"\n**{key}** (median of {reps})\n\n")
+            rows = table(results, key)
+            f.write("| " + " | ".join(rows[0]) + " |\n|" + "---|" * len(rows[0]) + "\n")
+            for r in rows[1:]:
+                f.write("| " + " | ".join(r) + " |\n")
+
+
 def floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x]
 
@@ -168,14 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                                                            "rates": args.rates}, "reps": args.reps,
                              "cap_s": args.cap, "cells": results},
                  table(results, main_key), plot_grid(results, keys))
-    markdown = os.path.join(RESULTS, f"{args.name}.md")
-    with open(markdown, "w") as f:
-        for key in keys:
-            f.write(f"\n**{key}** (median of {args.reps})\n\n")
-            rows = table(results, key)
-            f.write("| " + " | ".join(rows[0]) + " |\n|" + "---|" * len(rows[0]) + "\n")
-            for r in rows[1:]:
-                f.write("| " + " | ".join(r) + " |\n")
+    write_markdown(os.path.join(RESULTS, f"{args.name}.md"), results, args.reps)
     print(f"markdown tables: results/{args.name}.md")
     return 0
 
