@@ -34,6 +34,7 @@ class Side:
     prefixes: tuple[Net, ...]
     gateways: tuple[Addr, ...]
     congctl: str
+    initcwnd: int                             # initial congestion window (segments); 0 = the kernel's (10)
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ TUNING_KEYS = ("irq_affinity", "rss_symmetric", "sysctls")
 DEFAULTS_KEYS = ("proxy",)
 GRAPH_KEYS = ("name", "access", "origin", "proxy", "bypass")
 BYPASS_KEYS = ("clients", "servers", "ports")
-SIDE_KEYS = ("vlan", "addresses", "prefixes", "gateways", "congctl")
+SIDE_KEYS = ("vlan", "addresses", "prefixes", "gateways", "congctl", "initcwnd")
 PROXY_DEFAULTS: dict[str, Any] = {
     "enabled": True,
     "interception": "nft",
@@ -149,6 +150,12 @@ PROXY_DEFAULTS: dict[str, Any] = {
 }
 PROXY_KEYS = tuple(PROXY_DEFAULTS)
 DEFAULT_CONGCTL = {"access": "bbr", "origin": "cubic"}
+# BBR paces its start-up; from the kernel's initial window of 10 it needs about two more round
+# trips than an unpaced CUBIC slow start to deliver 1 MB (measured in the lab: 0.83 of end-to-end
+# goodput at 20 ms RTT). 32 segments, paced, make the split flow start as fast as the flow it
+# replaces. The origin side keeps the kernel's (0).
+DEFAULT_INITCWND = {"access": 32, "origin": 0}
+MAX_INITCWND = 256
 
 INSTANCE_RE = re.compile(r"[a-z][a-z0-9]{0,8}")      # prefixes link names: IFNAMSIZ is 16
 GRAPH_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,11}")
@@ -450,7 +457,11 @@ class _Reader:
             elif self.available_cc is not None and congctl not in self.available_cc:
                 congctl = self.error(f"{path}.congctl", congctl, "this kernel does not offer it; use one of "
                                      f"{', '.join(sorted(self.available_cc))}")
-        parts = [vlan, addresses, prefixes, gateways, congctl]
+        initcwnd = self.get(raw, path, "initcwnd", _INT, DEFAULT_INITCWND[name])
+        if initcwnd is not BAD and not 0 <= initcwnd <= MAX_INITCWND:
+            initcwnd = self.error(f"{path}.initcwnd", initcwnd, f"use 0 for the kernel's initial window (10 "
+                                  f"segments), or 1-{MAX_INITCWND}")
+        parts = [vlan, addresses, prefixes, gateways, congctl, initcwnd]
         return BAD if any(p is BAD for p in parts) else Side(*parts)
 
     def strings(self, raw: dict, path: str, key: str, default: Any) -> list[tuple[str, Any]] | Any:

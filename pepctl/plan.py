@@ -161,7 +161,8 @@ def _gateway(side: Side, version: int):
 
 
 def route_steps(cfg: Config, g: Graph, n: GraphNames) -> list[Step]:
-    """Addresses without kernel prefix routes, then one route per prefix with its side's congctl."""
+    """Addresses without kernel prefix routes, then one route per prefix with its side's congctl
+    and initial congestion window (both route metrics: every connection on that side takes them)."""
     steps = []
     errors = []
     for side_name, side, dev in (("access", g.access, C_IN), ("origin", g.origin, S_IN)):
@@ -183,9 +184,11 @@ def route_steps(cfg: Config, g: Graph, n: GraphNames) -> list[Step]:
                                              f"side; add one to graph[{g.index}].{side_name}.gateways"))
                     continue
                 via = ["via", str(gw), "dev", dev]
-            steps.append(Step(f"route {net} via {side_name} side, congctl {side.congctl}",
+            window = ["initcwnd", str(side.initcwnd)] if side.initcwnd else []
+            steps.append(Step(f"route {net} via {side_name} side, congctl {side.congctl}"
+                              + (f", initcwnd {side.initcwnd}" if side.initcwnd else ""),
                               ["ip", fam, "-n", n.netns, "route", "replace", str(net), *via,
-                               "proto", "static", "congctl", side.congctl]))
+                               "proto", "static", "congctl", side.congctl, *window]))
     if errors:
         raise ConfigError(errors)
     return steps

@@ -144,7 +144,7 @@ def test_plan_prints_commands_and_changes_nothing(host):
     plan = host.pepctl(conf, "plan")
     assert plan.returncode == 0, plan.stderr
     for expected in ("ip netns add", "bpftool prog loadall", "tc filter add dev nic0 ingress",
-                     "congctl bbr", "congctl cubic", "nft -f", "haproxy -W -f", "tproxy ip to :50080"):
+                     "congctl bbr initcwnd 32", "congctl cubic", "nft -f", "haproxy -W -f", "tproxy ip to :50080"):
         assert expected in plan.stdout, f"plan lacks {expected!r}"
     # nic0 is a veth: no IRQs, no RSS. Tuning says so instead of failing or pretending.
     assert "# notice: nic0 has no interrupts of its own" in plan.stdout, plan.stdout

@@ -12,6 +12,7 @@ shows each socket's congestion control.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -68,6 +69,21 @@ def test_bbr_toward_client_and_cubic_toward_origin(lab):
     finally:
         download.kill()
         download.wait()
+
+
+def test_side_routes_carry_congctl_and_initial_window(lab):
+    """Both are route metrics: every accepted (client-facing) or connecting (origin-facing)
+    socket takes the metrics of its route. Defaults: bbr and 32 segments toward the
+    subscribers; cubic and the kernel's initial window toward the origin."""
+    want = {"198.18.0.0/24": {"congestion": "bbr", "initcwnd": 32},
+            "2001:2:0:1::/64": {"congestion": "bbr", "initcwnd": 32},
+            "198.19.0.0/24": {"congestion": "cubic"}, "2001:2:0:2::/64": {"congestion": "cubic"}}
+    got = {}
+    for fam in ("-4", "-6"):
+        for route in json.loads(lab.run("pep", "ip", "-j", fam, "route", "show").stdout):
+            if route["dst"] in want:
+                got[route["dst"]] = {k: v for m in route.get("metrics", []) for k, v in m.items()}
+    assert got == want, f"pep namespace: route metrics per prefix: expected {want}, got {got}"
 
 
 def test_ping_and_udp_are_routed_not_proxied(lab):

@@ -139,6 +139,12 @@ MALFORMED = [
      "graph[1].access.addresses[0]", '"198.18.0.129/25"', "overlaps graph[0].access.addresses[0]"),
     ("congctl the kernel lacks", edit(("vlan = 100", 'vlan = 100\ncongctl = "vegas"')),
      "graph[0].access.congctl", '"vegas"', "bbr, cubic, reno"),
+    ("initcwnd too large", edit(("vlan = 100", "vlan = 100\ninitcwnd = 1000")), "graph[0].access.initcwnd",
+     "1000", "1-256"),
+    ("initcwnd negative", edit(("vlan = 200", "vlan = 200\ninitcwnd = -1")), "graph[0].origin.initcwnd",
+     "-1", "0 for the kernel's"),
+    ("initcwnd not a number", edit(("vlan = 100", 'vlan = 100\ninitcwnd = "big"')), "graph[0].access.initcwnd",
+     '"big"', "must be an integer"),
     ("port 0", edit(("ports = [80, 443]", "ports = [80, 0]")), "graph[0].proxy.ports[1]", "0", "1-65535"),
     ("port 65536", edit(("ports = [80, 443]", "ports = [65536]")), "graph[0].proxy.ports[0]", "65536",
      "1-65535"),
@@ -240,6 +246,7 @@ def test_defaults():
     assert (g.name, g.index) == ("g1", 0)
     assert g.access.prefixes == (ipaddress.ip_network("198.18.0.0/24"), ipaddress.ip_network("2001:2:0:1::/64"))
     assert (g.access.congctl, g.origin.congctl) == ("bbr", "cubic")
+    assert (g.access.initcwnd, g.origin.initcwnd) == (32, 0), "initcwnd: 32 toward subscribers, kernel's to origin"
     assert g.access.gateways == ()
     p = g.proxy
     assert (p.enabled, p.interception, p.listen_port, p.splice, p.mode) == (True, "nft", 50080, "both", "tcp")
