@@ -101,7 +101,7 @@ def show_gain(lab: LabHandle) -> None:
     say("   (the e2e download is capped at 20 s; a 50 MB download and the whole grid: ./scripts/bench pep-gain)")
     say("   The download gains because BBR keeps the lossy link full where end-to-end CUBIC backs off at")
     say("   each loss; the page, because the proxy starts toward the client with a larger, paced initial")
-    say("   window (initcwnd 32). Uploads gain nothing: there the sender on the lossy link is the client.")
+    say("   window (initcwnd 32). Uploads gain little: there the sender on the lossy link is the client.")
     say("   plot: results/demo-gain.png, numbers: results/demo-gain.json")
     say()
 
