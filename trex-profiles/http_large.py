@@ -10,10 +10,7 @@ Tunables (`-t`): size=SIZE plays one object size only (e.g. `-t size=10m`).
 Addresses: clients 198.18.0.10-198.18.0.250, servers 198.19.0.10-198.19.0.20, port 80 (lab plan).
 """
 
-import argparse
-
 import lab_http
-from trex.astf.api import ASTFProfile
 
 MB = 1024 * 1024
 # (object size in bytes, connections per second at -m 1)
@@ -27,15 +24,7 @@ SIZE_MIX = [
 
 class HttpLarge:
     def get_profile(self, tunables=(), **kwargs):
-        parser = argparse.ArgumentParser(prog="http_large.py", description=__doc__.splitlines()[0])
-        parser.add_argument("--size", type=lab_http.parse_size, default=None,
-                            help="play only this object size (bytes, or with k/m suffix)")
-        lab_http.add_address_args(parser)
-        args = parser.parse_args(list(tunables))
-
-        mix = [(args.size, 10)] if args.size else SIZE_MIX
-        gen = lab_http.ip_gen(args.servers)
-        return ASTFProfile(default_ip_gen=gen, templates=lab_http.templates(mix, gen))
+        return lab_http.size_mix_profile("http_large.py", __doc__, SIZE_MIX, tunables)
 
 
 def register():

@@ -14,7 +14,6 @@ import argparse
 import http_large
 import http_small
 import lab_http
-from trex.astf.api import ASTFProfile
 
 
 class HttpMix:
@@ -33,8 +32,7 @@ class HttpMix:
         large = [(s, w * args.large_share / large_w) for s, w in http_large.SIZE_MIX]
         mix = [(s, w) for s, w in small + large if w > 0]
 
-        gen = lab_http.ip_gen(args.servers)
-        return ASTFProfile(default_ip_gen=gen, templates=lab_http.templates(mix, gen))
+        return lab_http.profile(mix, args.servers)
 
 
 def register():

@@ -10,10 +10,7 @@ Tunables (`-t`): size=SIZE plays one object size only (e.g. `-t size=1k` for a w
 Addresses: clients 198.18.0.10-198.18.0.250, servers 198.19.0.10-198.19.0.20, port 80 (lab plan).
 """
 
-import argparse
-
 import lab_http
-from trex.astf.api import ASTFProfile
 
 # (object size in bytes, share of connections in percent)
 SIZE_MIX = [
@@ -29,15 +26,7 @@ SIZE_MIX = [
 
 class HttpSmall:
     def get_profile(self, tunables=(), **kwargs):
-        parser = argparse.ArgumentParser(prog="http_small.py", description=__doc__.splitlines()[0])
-        parser.add_argument("--size", type=lab_http.parse_size, default=None,
-                            help="play only this object size (bytes, or with k/m suffix)")
-        lab_http.add_address_args(parser)
-        args = parser.parse_args(list(tunables))
-
-        mix = [(args.size, 100)] if args.size else SIZE_MIX
-        gen = lab_http.ip_gen(args.servers)
-        return ASTFProfile(default_ip_gen=gen, templates=lab_http.templates(mix, gen))
+        return lab_http.size_mix_profile("http_small.py", __doc__, SIZE_MIX, tunables)
 
 
 def register():

@@ -15,11 +15,14 @@ template's association rule names those byte offsets (TRex `l7_map`), so TRex (a
 answer `/obj/00001024.bin` with the 1 KB response.
 """
 
+import argparse
+
 from trex.astf.api import (
     ASTFAssociationRule,
     ASTFIPGen,
     ASTFIPGenDist,
     ASTFIPGenGlobal,
+    ASTFProfile,
     ASTFProgram,
     ASTFTCPClientTemplate,
     ASTFTCPServerTemplate,
@@ -133,3 +136,20 @@ def parse_size(text):
     if not digits.isdigit():
         raise ValueError(f"bad object size {text!r}: use bytes or a k/m suffix, e.g. 1k, 256k, 10m")
     return int(digits) * mult
+
+
+def profile(mix, servers):
+    """The ASTF profile of a size mix [(bytes, connections/s at -m 1)], served from `servers`."""
+    gen = ip_gen(servers)
+    return ASTFProfile(default_ip_gen=gen, templates=templates(mix, gen))
+
+
+def size_mix_profile(prog, doc, mix, tunables):
+    """A profile playing `mix`, or one object size with the tunable size=SIZE at the mix's total
+    rate; both take servers=FIRST-LAST."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    parser.add_argument("--size", type=parse_size, default=None,
+                        help="play only this object size (bytes, or with k/m suffix)")
+    add_address_args(parser)
+    args = parser.parse_args(list(tunables))
+    return profile([(args.size, sum(w for _, w in mix))] if args.size else mix, args.servers)
