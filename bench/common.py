@@ -28,6 +28,16 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def paired_ratio(a: list[float], b: list[float]) -> float:
+    """The median of a[i] / b[i], for samples taken back to back in rep i. A shared 2-core machine
+    drifts (one variant ran at 14k and 20k connections/s in one run): a ratio of two samples taken
+    together sees the same machine, and the median over reps drops a rep whose machine changed
+    between them. A ratio of two medians may divide samples of different reps."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired_ratio: need as many samples of each, got {len(a)} and {len(b)}")
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
+
+
 def iperf3(lab: LabHandle, *client_args: str, server: str = "198.19.0.10", seconds: float = 4) -> dict:
     """One bounded iperf3 run from the client to an iperf3 server started in the origin for it."""
     srv = lab.popen("origin", "iperf3", "-s", "-1", "-B", server, "-p", "5201")
