@@ -36,7 +36,7 @@ from contextlib import ExitStack
 from netns.handle import PYTHON, REPO, LabHandle
 from pepctl import bypass, bypass_maps
 from pepctl import config as configmod
-from pepctl.proxy_plan import BYPASS_OBJ
+from pepctl.proxy_plan import bypass_load_argv
 
 from .common import git_rev, median, paired_ratio, write_report
 
@@ -158,13 +158,8 @@ def kernel_times(lab: Lab) -> dict:
     try:
         for v, rules in VARIANTS.items():
             os.makedirs(pins[v])
-            subprocess.run(["bpftool", "prog", "loadall", BYPASS_OBJ, f"{pins[v]}/prog", "type", "classifier",
-                            "pinmaps", f"{pins[v]}/maps"], check=True, capture_output=True)
-            kinds = {"client": [], "server": []}
-            for rule in rules:
-                kind, net = rule.split()
-                kinds[kind].append(net)
-            bypass_maps.add_rules(pins[v], clients=kinds["client"], servers=kinds["server"])
+            subprocess.run(bypass_load_argv(pins[v]), check=True, capture_output=True)
+            bypass_maps.add_rules(pins[v], **bypass.map_args([bypass.parse_rule(*r.split()) for r in rules]))
         proc = subprocess.run(["nsenter", f"--net=/run/netns/{ns}", PYTHON, "-m", "bench.bypass_ktime",
                                *pins.values()], cwd=REPO, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:

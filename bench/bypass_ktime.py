@@ -28,7 +28,6 @@ import struct
 from pepctl import bpfsys
 from pepctl import bypass_maps as bm
 
-SKB_INGRESS_IFINDEX_OFF = 36      # offsetof(struct __sk_buff, ingress_ifindex); ifindex follows
 SEQ_OFF = 14 + 20 + 4             # Ethernet, IPv4 without options, then the TCP sequence number
 
 
@@ -38,12 +37,6 @@ def frame(flags: int, seq: int) -> bytearray:
                      socket.inet_aton("198.18.0.10"), socket.inet_aton("198.19.0.10"))
     tcp = struct.pack("!HHIIBBHHH", 40000, 80, seq, 0 if flags == 0x02 else 1, 5 << 4, flags, 65535, 0, 0)
     return bytearray(bytes(6) + bytes.fromhex("020000000a0a") + b"\x08\x00" + ip + tcp)
-
-
-def ctx_for(ifindex: int) -> bytes:
-    ctx = bytearray(SKB_INGRESS_IFINDEX_OFF + 8)
-    struct.pack_into("=II", ctx, SKB_INGRESS_IFINDEX_OFF, ifindex, ifindex)
-    return bytes(ctx)
 
 
 def median_time(prog: bpfsys.Prog, packet: bytearray, ctx: bytes, runs: int, what: str, new_seq=None) -> float:
@@ -61,7 +54,7 @@ def median_time(prog: bpfsys.Prog, packet: bytearray, ctx: bytes, runs: int, wha
 
 def measure(pins: list[str], rounds: int, runs: int) -> dict:
     c_in, s_in = socket.if_nametoindex("c_in"), socket.if_nametoindex("s_in")
-    ctx = ctx_for(c_in)
+    ctx = bpfsys.skb_ctx(c_in)
     progs = {}
     for p in pins:
         bm.set_side(p, c_in, bm.SIDE_ACCESS, s_in)

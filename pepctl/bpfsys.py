@@ -17,6 +17,7 @@ import ctypes
 import errno
 import os
 import platform
+import struct
 from dataclasses import dataclass
 
 # bpf(2) syscall numbers: the generic table (arm64 and others) and x86_64.
@@ -255,6 +256,15 @@ class TestRun:
 
 
 _CTX_OUT_MAX = 1024
+SKB_INGRESS_IFINDEX_OFF = 36   # offsetof(struct __sk_buff, ingress_ifindex); ifindex follows at 40
+
+
+def skb_ctx(ifindex: int) -> bytes:
+    """A __sk_buff prefix for a tc program's test run: the packet arrived on ifindex
+    (ingress_ifindex and ifindex both set: what bpf_fib_lookup and a program's side lookup read)."""
+    ctx = bytearray(SKB_INGRESS_IFINDEX_OFF + 8)
+    struct.pack_into("=II", ctx, SKB_INGRESS_IFINDEX_OFF, ifindex, ifindex)
+    return bytes(ctx)
 
 
 def prog_test_run(fd: int, data: bytes, *, ctx: bytes | None = None, repeat: int = 1,

@@ -122,7 +122,7 @@ def write_live(cfg: Config, g: Graph, rules: set[Rule]) -> None:
     os.replace(tmp, path)
 
 
-def _split(rules: set[Rule]) -> dict:
+def map_args(rules: set[Rule] | list[Rule]) -> dict:
     """Rules -> the keyword arguments of bypass_maps.add_rules/del_rules. Networks stay text:
     rule values are canonical, and bypass_maps encodes text quickest."""
     out: dict = {"clients": [], "servers": [], "ports": []}
@@ -137,12 +137,12 @@ def _split(rules: set[Rule]) -> dict:
 
 def install(cfg: Config, g: Graph, rules: set[Rule] | list[Rule]) -> dict:
     """Writes rules to the maps; returns bypass_maps.add_rules' answer (entries, "method")."""
-    return bypass_maps.add_rules(graph_pins(cfg, g), **_split(rules)) if rules else {"method": "none"}
+    return bypass_maps.add_rules(graph_pins(cfg, g), **map_args(rules)) if rules else {"method": "none"}
 
 
 def remove(cfg: Config, g: Graph, rules: set[Rule]) -> None:
     if rules:
-        bypass_maps.del_rules(graph_pins(cfg, g), **_split(rules))
+        bypass_maps.del_rules(graph_pins(cfg, g), **map_args(rules))
 
 
 def sync(cfg: Config, g: Graph, old_config_rules: set[Rule]) -> tuple[int, int]:

@@ -104,6 +104,11 @@ SIDE_ACCESS, SIDE_ORIGIN = 1, 2   # enum bypass_side in tc/pep_bypass.h
 PEPCTL = f"{REPO}/scripts/pepctl"
 
 
+def bypass_load_argv(pins: str) -> list[str]:
+    """Loads tc/bypass.o: its program under PINS/prog, its own maps under PINS/maps."""
+    return ["bpftool", "prog", "loadall", BYPASS_OBJ, f"{pins}/prog", "type", "classifier", "pinmaps", f"{pins}/maps"]
+
+
 def bypass_steps(cfg: Config, g: Graph, n: GraphNames) -> list[Step]:
     """The per-flow bypass program on both sides of the namespace, with the config's rules.
 
@@ -113,9 +118,7 @@ def bypass_steps(cfg: Config, g: Graph, n: GraphNames) -> list[Step]:
     ns = n.netns
     steps = [
         Step(f"create pin folder {pins}", ["mkdir", "-p", pins]),
-        Step(f"load the bypass program and maps of graph {g.name}",
-             ["bpftool", "prog", "loadall", BYPASS_OBJ, f"{pins}/prog", "type", "classifier",
-              "pinmaps", f"{pins}/maps"]),
+        Step(f"load the bypass program and maps of graph {g.name}", bypass_load_argv(pins)),
     ]
     for dev, side, peer in ((C_IN, SIDE_ACCESS, S_IN), (S_IN, SIDE_ORIGIN, C_IN)):
         steps.append(Step(f"{ns}/{dev} is the {'access' if side == SIDE_ACCESS else 'origin'} side",

@@ -47,7 +47,6 @@ HEADER = REPO / "tc" / "pep_bypass.h"
 
 TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0, 2, 7
 VERDICTS = {TC_ACT_OK: "TC_ACT_OK", TC_ACT_SHOT: "TC_ACT_SHOT", TC_ACT_REDIRECT: "TC_ACT_REDIRECT"}
-SKB_INGRESS_IFINDEX_OFF = 36  # offsetof(struct __sk_buff, ingress_ifindex); ifindex follows at 40
 
 C_IN, S_IN, UNREGISTERED, S_PEER = 21, 22, 23, 24
 IFINDEX = {"access": C_IN, "origin": S_IN, "unregistered": UNREGISTERED}
@@ -394,13 +393,6 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
 
-def ctx_for(ifindex: int) -> bytes:
-    """A __sk_buff prefix with ingress_ifindex and ifindex set (what fib lookup and the side use)."""
-    ctx = bytearray(SKB_INGRESS_IFINDEX_OFF + 8)
-    struct.pack_into("=II", ctx, SKB_INGRESS_IFINDEX_OFF, ifindex, ifindex)
-    return bytes(ctx)
-
-
 @dataclass
 class Bypass:
     pins: str
@@ -408,7 +400,7 @@ class Bypass:
     run_in_ns: object               # NetnsRunner
 
     def run(self, side: str, frame: bytes) -> bpfsys.TestRun:
-        return self.run_in_ns(self.prog.test_run, frame, ctx_for(IFINDEX[side]))
+        return self.run_in_ns(self.prog.test_run, frame, bpfsys.skb_ctx(IFINDEX[side]))
 
     def counters(self) -> dict[str, int]:
         return bm.read_counters(self.pins)
