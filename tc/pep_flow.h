@@ -1,0 +1,198 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * The contract between the flow datapath (tc/flow.c, program flow_ingress)
+ * and the control plane (pepctl/flow_maps.py). Map names, struct layouts,
+ * verdicts, flags and counters live here and only here.
+ *
+ * If you change this file, change with it:
+ *   - pepctl/flow_maps.py            (struct formats, COUNTERS, flags, map names)
+ *   - tests/bpf/test_flow_golden.py  (expected verdicts and counters)
+ *   (tests/unit/test_flow_contract.py compares the first with this file)
+ *
+ * Where it runs: one program and one set of maps per instance, attached to
+ * tc clsact ingress of c_in (access side) and s_in (origin side) inside
+ * every graph's namespace. The graph and side of a packet come from the
+ * interface it arrived on: pepctl gives c_in and s_in of graph slot g the
+ * ifindexes PEP_IFINDEX_BASE + 2g and PEP_IFINDEX_BASE + 2g + 1 (ifindexes
+ * are per namespace, so every graph's namespace holds the same small set).
+ * An interface outside that range, or of a slot without GRAPH_F_ENABLED,
+ * is left to the stack untouched and uncounted.
+ *
+ * Every TCP flow is decided on its first SYN (SYN without ACK), in order:
+ *   1. addressed to one of the graph's own addresses (graph_addrs): dropped,
+ *      the proxy answers no connection to the PEP itself (syn_to_self);
+ *   2. a port the graph does not intercept, or opened from the origin side
+ *      when the graph intercepts access-side flows only: left to the stack
+ *      and not remembered (flows_not_intercepted);
+ *   3. a bypass rule matches (client / server prefix, destination port:
+ *      bypass_client4/6, bypass_server4/6, bypass_ports):
+ *      BYPASS_RULE;
+ *   4. no proxy socket listens for it (the graph's listen_port, or the SYN's
+ *      own port when listen_port is 0): BYPASS_FAILOPEN. This is the fail-open:
+ *      the moment HAProxy dies its listeners are gone, and new flows are
+ *      forwarded, with no process or polling in between;
+ *   5. otherwise PROXY. With GRAPH_F_ASSIGN (interception mode `bpf`) the SYN
+ *      is handed to the listener (bpf_sk_assign) and marked PEP_LOCAL_MARK,
+ *      which one policy rule routes to the local table; a failed hand-over
+ *      makes the flow BYPASS_FAILOPEN (assign_failed). Without it (modes nft
+ *      and route) the stack's own interception takes the SYN.
+ * Bypassed flows (verdicts 2 and 3) are remembered and forwarded at L3 by
+ * this program for their whole life, whatever the rules or the proxy do
+ * later. Proxied flows are not remembered: they are known by their sockets.
+ * With GRAPH_F_ASSIGN every later packet of a flow with no entry is handed
+ * to its own socket (bpf_skc_lookup_tcp + bpf_sk_assign, marked); an ACK
+ * that finds no socket but carries a valid SYN cookie of the listener goes
+ * to the listener (the handshake of a flow answered by a cookie under a SYN
+ * flood). Everything else goes to the stack untouched.
+ *
+ * The flow tables, so that no flood of new flows evicts a live bypassed one:
+ *   flows_new  LRU: bypassed flows whose handshake is not complete. A SYN
+ *              flood (spoofed sources never complete a handshake) churns
+ *              only this table.
+ *   flows      HASH, allocated on demand: bypassed flows whose opener has
+ *              acknowledged the answering SYN-ACK (the ISN of the other end:
+ *              a blind spoofer cannot). Entries leave by their own timer:
+ *              FLOW_IDLE_NS after the last packet, FLOW_LINGER_NS after a
+ *              RST or the second FIN. When it is full, a flow stays in
+ *              flows_new (flows_table_full counts the pressure).
+ *
+ * Non-TCP, IPv4 fragments and IPv6 with extension headers go to the stack.
+ */
+#ifndef PEP_FLOW_H
+#define PEP_FLOW_H
+
+#define PEP_GRAPHS_MAX 2048          /* a graph takes two of the 4094 VLAN ids */
+#define PEP_IFINDEX_BASE 0x100000    /* c_in of slot g: BASE + 2g; s_in: BASE + 2g + 1 */
+#define PEP_LOCAL_MARK 1             /* skb mark of packets handed to a socket: routed locally */
+
+#define FLOWS_NEW_MAX 262144         /* LRU, preallocated */
+#define FLOWS_MAX 1048576            /* allocated on demand */
+#define RULES_MAX 1048576            /* per LPM map, all graphs together */
+#define PORTS_MAX 1048576            /* bypass_ports, intercept_ports: all graphs together */
+#define ADDRS_MAX 65536              /* graph_addrs, all graphs together */
+
+#define FLOW_IDLE_NS (6ULL * 3600 * 1000000000)  /* longer than TCP keepalive's 2 h */
+#define FLOW_LINGER_NS (60ULL * 1000000000)      /* after RST or both FINs: late segments */
+#define FLOW_TOUCH_NS (1000000000ULL)            /* last_seen is refreshed at most this often */
+
+enum flow_side {
+	SIDE_ACCESS = 1,
+	SIDE_ORIGIN = 2,
+};
+
+/* graphs: ARRAY[PEP_GRAPHS_MAX] indexed by graph slot. */
+struct graph_config {
+	__u32 flags;        /* GRAPH_F_* */
+	__u16 listen_port;  /* host order: the proxy's listener for new flows; 0: the SYN's own port */
+	__u16 pad;
+};
+
+#define GRAPH_F_ENABLED     0x1  /* the slot is in use */
+#define GRAPH_F_ASSIGN      0x2  /* interception mode bpf: hand proxied flows to their sockets */
+#define GRAPH_F_ALL_PORTS   0x4  /* every TCP port is intercepted; else those in intercept_ports */
+#define GRAPH_F_ORIGIN_SYNS 0x8  /* flows opened from the origin side are intercepted too */
+
+/* bypass_ports, intercept_ports: HASH port_key -> __u32 (non-zero: present).
+ * bypass_ports: SYNs to that port are bypassed (a rule). intercept_ports:
+ * the ports a graph without GRAPH_F_ALL_PORTS intercepts. Port in host order. */
+struct port_key {
+	__u32 graph;
+	__u32 port;
+};
+
+/* graph_addrs: HASH {graph, address} -> __u32 (1): the graph's own addresses. */
+struct addr_key {
+	__u32 graph;
+	__u8 addr[16];      /* IPv4 as ::ffff:a.b.c.d */
+};
+
+/* LPM rule maps bypass_client4, bypass_server4 (lpm4_key), bypass_client6,
+ * bypass_server6 (lpm6_key). prefixlen counts the graph too: 32 + the
+ * network's length. The value is non-zero when the rule is present, so a
+ * longer prefix stored with 0 carves an exception out of a shorter one. */
+struct lpm4_key {
+	__u32 prefixlen;
+	__be32 graph;       /* network byte order: the leading 32 bits of the match */
+	__u8 addr[4];
+};
+
+struct lpm6_key {
+	__u32 prefixlen;
+	__be32 graph;
+	__u8 addr[16];
+};
+
+/* The key of both flow tables: the flow as the subscriber sees it, so both
+ * directions find the same entry. */
+struct flow_key {
+	__u8 sub_addr[16];  /* subscriber (access side); IPv4 as ::ffff:a.b.c.d */
+	__u8 org_addr[16];  /* origin side */
+	__u16 sub_port;     /* network byte order */
+	__u16 org_port;     /* network byte order */
+	__u16 graph;        /* graph slot */
+	__u8 family;        /* 4 or 6 */
+	__u8 pad;
+};
+
+enum flow_verdict {
+	VERDICT_PROXY = 1,
+	VERDICT_BYPASS_RULE = 2,
+	VERDICT_BYPASS_FAILOPEN = 3,
+};
+
+enum flow_state {
+	FLOW_SYN_SEEN = 1,     /* the opening SYN went through */
+	FLOW_SYNACK_SEEN = 2,  /* and the other end answered it */
+};
+
+/* flows_new: LRU_HASH flow_key -> flow_new. */
+struct flow_new {
+	__u32 verdict;        /* enum flow_verdict (a bypass) */
+	__u32 syn_seq;        /* ISN of the opening SYN: another ISN on the 4-tuple is a new flow */
+	__u32 synack_seq;     /* ISN of the answering SYN-ACK (state FLOW_SYNACK_SEEN) */
+	__u8 opener;          /* enum flow_side of the SYN's sender */
+	__u8 state;           /* enum flow_state */
+	__u16 pad;
+	__u64 first_seen_ns;  /* bpf_ktime_get_ns() of the first SYN */
+};
+
+/* flows: HASH (BPF_F_NO_PREALLOC) flow_key -> flow_est. */
+struct flow_est {
+	__u32 verdict;        /* enum flow_verdict (a bypass) */
+	__u32 syn_seq;
+	__u64 first_seen_ns;
+	__u64 last_seen_ns;   /* refreshed at most once per FLOW_TOUCH_NS */
+	__u8 fins;            /* sides that sent a FIN: bit (side - 1) */
+	__u8 closing;         /* RST or both FINs seen: the entry lingers FLOW_LINGER_NS */
+	__u8 pad[6];
+	struct bpf_timer timer;  /* expires the entry (idle or closed) */
+};
+
+/* flow_stats: PERCPU_ARRAY[PEP_GRAPHS_MAX * CNT_MAX] of __u64, indexed by
+ * graph slot * CNT_MAX + enum flow_counter. */
+enum flow_counter {
+	CNT_FLOWS_PROXIED = 0,      /* first SYNs decided PROXY */
+	CNT_FLOWS_BYPASS_RULE,      /* first SYNs decided BYPASS_RULE */
+	CNT_FLOWS_BYPASS_FAILOPEN,  /* first SYNs decided BYPASS_FAILOPEN (no listener, or assign failed) */
+	CNT_FLOWS_NOT_INTERCEPTED,  /* first SYNs of ports / directions not intercepted: the stack's */
+	CNT_SYN_TO_SELF,            /* first SYNs to the graph's own addresses: dropped */
+	CNT_ASSIGN_FAILED,          /* bpf_sk_assign refused a socket: closing, or not at tc ingress
+				     * (BPF_PROG_TEST_RUN runs refuse every one) */
+	CNT_PKTS_BYPASSED,          /* packets forwarded by this program */
+	CNT_PKTS_TTL_EXPIRED,       /* bypassed packets dropped: TTL / hop limit <= 1. Not left to the
+				     * stack, whose interception would hand them to HAProxy */
+	CNT_PKTS_FIB_MISS,          /* bypassed packets dropped: no route (blackhole, unreachable) */
+	CNT_PKTS_NOT_TCP,           /* passed: ICMP, UDP, fragments, ... (routed by the stack) */
+	CNT_PKTS_NO_FLOW,           /* passed: TCP of no remembered flow and (mode bpf) no socket */
+	CNT_PKTS_ASSIGNED,          /* mode bpf: later packets handed to their own socket */
+	CNT_PKTS_SYNCOOKIE,         /* mode bpf: ACKs with a valid SYN cookie handed to the listener */
+	CNT_FLOWS_STALE,            /* entries forgotten: a SYN-ACK answered another SYN on the 4-tuple
+				     * (e.g. HAProxy reusing a bypassed flow's port toward the origin) */
+	CNT_FLOWS_PROMOTED,         /* bypassed flows moved to `flows` (handshake complete) */
+	CNT_FLOWS_TABLE_FULL,       /* promotions refused: `flows` full (pressure) */
+	CNT_FLOWS_EXPIRED,          /* `flows` entries removed idle for FLOW_IDLE_NS */
+	CNT_FLOWS_CLOSED,           /* `flows` entries removed FLOW_LINGER_NS after RST / both FINs */
+	CNT_MAX
+};
+
+#endif /* PEP_FLOW_H */
