@@ -29,8 +29,9 @@ import subprocess
 import sys
 
 from pepctl import runner
-from pepctl.plan import in_netns, steering_load_steps, steering_port_steps, trunk_attach_step
-from pepctl.runner import Journal, Step
+from pepctl.names import in_netns
+from pepctl.plan import mkdir_step, port_attach_batch, steer_ports_step, steering_load_steps, trunk_attach_step
+from pepctl.runner import Call, Journal, Step, daemon_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATE_DIR = "/run/peplab"
@@ -57,13 +58,13 @@ class Lab:
     def __init__(self, name: str, rid: str | None = None):
         self.name = name
         self.journal = Journal(os.path.join(STATE_DIR, f"{name}.json"))
-        self.rid = rid or self.journal.data.get("meta", {}).get("rid") or secrets.token_hex(3)
+        self.rid = rid or self.journal.meta.get("rid") or secrets.token_hex(3)
         self.prefix = f"pl{self.rid}"
         self.run_dir = os.path.join(STATE_DIR, self.rid)
 
     @property
     def has_link(self) -> bool:
-        return bool(self.journal.data.get("meta", {}).get("options", {}).get("link"))
+        return bool(self.journal.meta.get("options", {}).get("link"))
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -91,8 +92,7 @@ class Lab:
     # -- building -----------------------------------------------------------
     def steps(self, opts: argparse.Namespace) -> list[Step]:
         sw, ph, cl, og = (self.netns(n) for n in ("switch", "proxyhost", "client", "origin"))
-        steps = [Step(f"create lab folder {self.run_dir}", ["mkdir", "-p", self.run_dir],
-                      undo=["@rm", self.run_dir])]
+        steps = [mkdir_step(self.run_dir, 0o755, what=f"create lab folder {self.run_dir}")]
         steps += [Step(f"create namespace {self.netns(n)}", ["ip", "netns", "add", self.netns(n)],
                        undo=["ip", "netns", "del", self.netns(n)]) for n in NODES]
         # Links live in the namespaces: deleting a namespace deletes them.
@@ -148,13 +148,11 @@ class Lab:
               for d in ("to-client", "to-switch")],
             Step(f"no TSO/GSO on {cl}/eth0", ["ip", "netns", "exec", cl, *profiles.peer_offload_argv("eth0")]),
             Step(f"no TSO/GSO on {sw}/p-client", ["ip", "netns", "exec", sw, *profiles.peer_offload_argv("p-client")]),
-            Step(f"start linkem in {link} (profile {profile})",
-                 ["ip", "netns", "exec", link,
-                  *profiles.linkem_argv("to-client", "to-switch", profile=profile, ctl=self.linkem_ctl)],
-                 undo=["@stop-pidfile", os.path.join(self.run_dir, "linkem.pid")],
-                 background={"pidfile": os.path.join(self.run_dir, "linkem.pid"),
-                             "logfile": os.path.join(self.run_dir, "linkem.log"),
-                             "ready": lambda: os.path.exists(self.linkem_ctl) and _linkem_answers(self.linkem_ctl)}),
+            daemon_step(f"start linkem in {link} (profile {profile})",
+                        ["ip", "netns", "exec", link,
+                         *profiles.linkem_argv("to-client", "to-switch", profile=profile, ctl=self.linkem_ctl)],
+                        os.path.join(self.run_dir, "linkem.pid"), os.path.join(self.run_dir, "linkem.log"),
+                        lambda: os.path.exists(self.linkem_ctl) and _linkem_answers(self.linkem_ctl)),
         ]
 
     def set_link(self, profile: str, overrides: list[str]) -> int:
@@ -172,8 +170,7 @@ class Lab:
         except (profiles.ProfileError, profiles.LinkemError) as e:
             print(f"pep-lab link: {e}", file=sys.stderr)
             return 2
-        self.journal.data["meta"]["link"] = {"profile": profile, "overrides": overrides}
-        self.journal.save()
+        self.journal.update_meta(link={"profile": profile, "overrides": overrides})
         print(f"access link now: {profile} {' '.join(overrides)}")
         print(json.dumps({k: v for k, v in params.items() if k != "ok"}))
         return 0
@@ -186,10 +183,13 @@ class Lab:
         steps += quiet_port_steps(((sw, "trunk"), (ph, "nic0")))
         # The switch: the project's own steering programs, tagging its access ports.
         steps += steering_load_steps(self.switch_pins, "trunk", sw)
-        steps += steering_port_steps(self.switch_pins, "p-client", ACCESS_VLAN, "trunk", sw)
-        steps += steering_port_steps(self.switch_pins, "p-origin", ORIGIN_VLAN, "trunk", sw)
+        access_ports = [(ACCESS_VLAN, "p-client"), (ORIGIN_VLAN, "p-origin")]
+        steps.append(steer_ports_step(self.switch_pins, access_ports, "trunk", sw))
+        steps.append(Step("tag the switch's access ports", in_netns(sw, ["tc", "-batch", "-"]),
+                          input=port_attach_batch(self.switch_pins, [p for _, p in access_ports])))
         steps.append(trunk_attach_step(self.switch_pins, "trunk", sw))
-        steps.append(Step("write the proxy host's pepctl config", ["@write", self.pep_config, self.render_pep(opts)]))
+        steps.append(Step("write the proxy host's pepctl config",
+                          Call("write", (self.pep_config, self.render_pep(opts)), self.pep_config)))
         pepctl = [os.path.join(REPO, "scripts", "pepctl"), "-c", self.pep_config]
         steps.append(Step(f"pepctl up in {ph}", in_netns(ph, [*pepctl, "up"]),
                           undo=in_netns(ph, [*pepctl, "down"])))
@@ -231,6 +231,8 @@ class Lab:
     def render_pep(self, opts: argparse.Namespace) -> str:
         with open(os.path.join(REPO, "netns", "lab.toml.in")) as f:
             template = string.Template(f.read())
+        if opts.ports == "all" and opts.interception == "route":
+            opts.ports = "80"
         ports = "\"all\"" if opts.ports == "all" else json.dumps(
             [int(p) if p.isdigit() else p for p in opts.ports.split(",")])
         return template.substitute(rid=self.rid, run_dir=self.run_dir, proxy=str(not opts.no_proxy).lower(),
@@ -248,28 +250,26 @@ class Lab:
 
         return [
             Step(f"origin folder {www}", ["mkdir", "-p", www]),
-            Step("origin index page", ["@write", os.path.join(www, "index.html"),
-                                       "PEP lab origin: hello from 198.19.0.10\n"]),
+            Step("origin index page", Call("write", (os.path.join(www, "index.html"),
+                                                     "PEP lab origin: hello from 198.19.0.10\n"), "index.html")),
             *[Step(f"origin object /{name} ({size} random bytes)",
                    ["sh", "-c", f"head -c {size} /dev/urandom > {os.path.join(www, name)}"])
               for name, size in OBJECT_SIZES.items()],
-            Step("write nginx config", ["@write", conf, NGINX_CONF.format(run=self.run_dir, www=www)]),
-            Step(f"start nginx in {og}", ["ip", "netns", "exec", og, "nginx", "-c", conf, "-g", "daemon off;"],
-                 undo=["@stop-pidfile", os.path.join(self.run_dir, "nginx.pid")],
-                 background={"pidfile": os.path.join(self.run_dir, "nginx.pid"),
-                             "logfile": os.path.join(self.run_dir, "nginx.out"), "ready": nginx_ready}),
+            Step("write nginx config", Call("write", (conf, NGINX_CONF.format(run=self.run_dir, www=www)), conf)),
+            daemon_step(f"start nginx in {og}", ["ip", "netns", "exec", og, "nginx", "-c", conf, "-g", "daemon off;"],
+                        os.path.join(self.run_dir, "nginx.pid"), os.path.join(self.run_dir, "nginx.out"),
+                        nginx_ready),
         ]
 
     def up(self, opts) -> int:
-        if self.journal.exists and self.journal.data.get("complete"):
+        if self.journal.exists and self.journal.complete:
             print(f"lab {self.name} is already up (run id {self.rid}); nothing changed")
             self.print_topology()
             return 0
         if self.journal.exists:
             print(f"lab {self.name}: a previous `up` did not finish; undoing it first")
             runner.undo_all(self.journal)
-        self.journal.data = {"complete": False, "undo": [], "meta": {"rid": self.rid, "options": vars(opts)}}
-        self.journal.save()
+        self.journal.start({"rid": self.rid, "options": vars(opts)})
         print(f"lab {self.name}: building run {self.rid}")
         try:
             runner.apply(self.steps(opts), self.journal)
@@ -280,8 +280,7 @@ class Lab:
         except BaseException:
             self.forget()
             raise
-        self.journal.data["complete"] = True
-        self.journal.save()
+        self.journal.mark_complete()
         self.print_topology()
         return 0
 
@@ -326,7 +325,7 @@ class Lab:
             print(json.dumps({"lab": self.name, "state": "down"}) if as_json else f"lab {self.name}: down")
             return 0
         present = {n: os.path.exists(f"/run/netns/{self.netns(n)}") for n in self.nodes}
-        if self.journal.data["meta"]["options"].get("plain"):
+        if self.journal.meta["options"].get("plain"):
             print(json.dumps({"lab": self.name, "run_id": self.rid, "plain": True, "namespaces": present}))
             return 0
         pep = subprocess.run(in_netns(self.netns("proxyhost"), [os.path.join(REPO, "scripts", "pepctl"), "-c",
@@ -335,13 +334,13 @@ class Lab:
         if self.has_link:
             from linkem import profiles
             try:
-                link = {"setting": self.journal.data["meta"].get("link") or
-                        {"profile": self.journal.data["meta"]["options"]["link"], "overrides": []},
+                link = {"setting": self.journal.meta.get("link") or
+                        {"profile": self.journal.meta["options"]["link"], "overrides": []},
                         "stats": profiles.control(self.linkem_ctl, "stats")}
             except profiles.LinkemError as e:
                 link = {"error": str(e)}
         report = {"lab": self.name, "run_id": self.rid, "access_link": link,
-                  "state": "up" if self.journal.data.get("complete") and all(present.values()) else "damaged",
+                  "state": "up" if self.journal.complete and all(present.values()) else "damaged",
                   "namespaces": {n: {"name": self.netns(n), "present": ok} for n, ok in present.items()},
                   "pepctl": json.loads(pep.stdout) if pep.stdout.strip() else {"error": pep.stderr.strip()}}
         if as_json:
@@ -435,8 +434,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="put the access-link emulator between client and switch (profiles: linkem/profiles.toml)")
     up.add_argument("--plain", action="store_true",
                     help="benchmark baseline: no VLANs, no BPF steering, no pepctl: Linux bridges, pep only routes")
-    up.add_argument("--interception", choices=("nft", "route"), default="nft")
-    up.add_argument("--ports", default="80", help='intercepted TCP ports: "all" or a list like 80,443,8000-8080')
+    up.add_argument("--interception", choices=("bpf", "nft", "route"), default="bpf")
+    up.add_argument("--ports", default="all", help='intercepted TCP ports: "all" or a list like 80,443,8000-8080 '
+                    '(route interception needs a list; it gets 80 when given "all")')
     up.add_argument("--splice", choices=("both", "auto", "off"), default="both")
     up.add_argument("--mode", choices=("tcp", "http"), default="tcp")
     sub.add_parser("down", help="remove everything the lab made")

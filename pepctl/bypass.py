@@ -1,10 +1,12 @@
 """Per-flow bypass rules: the config's [graph.bypass] plus live rules from `pepctl bypass add`.
 
-The maps in the graph's pin folder are the datapath's truth. pepctl keeps
-two records beside them, in the graph's run folder: the live rules
-(bypass-live.rules), and the config rules installed by the last up/reload
-(read from the journal). Changing a rule changes only new flows: every flow
-keeps the verdict of its first SYN (tc/pep_bypass.h).
+One grammar, from the config and the command line to the map key: a Rule (KIND VALUE, checked
+and made canonical by parse_rule) becomes entries of the instance's flow maps, keyed by the
+graph's slot (pepctl/flow_maps.py). The maps are the datapath's truth. pepctl keeps two records
+beside them: the live rules (INSTANCE/GRAPH.bypass.rules, in the format of `bypass add
+--from-file`), and the config rules installed by the last up/reload (the journal's config).
+Changing a rule changes only new flows: every flow keeps the verdict of its first SYN
+(tc/pep_flow.h).
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import os
 import socket
 from typing import NamedTuple
 
-from . import bypass_maps
+from . import flow_maps
 from .config import Bypass, Config, Graph, _port_range
-from .plan import graph_names, pin_dir
+from .names import graph_names, instance_names
+from .runner import Call, Step, action
 
 KINDS = ("client", "server", "port")
 
@@ -56,7 +59,7 @@ def parse_rule(kind: str, value: str) -> Rule:
 def _canonical_net(value: str) -> str | None:
     """str(ip_network(value)) by inet_pton/inet_ntop, several times quicker (it counts at 100,000
     rules); None for anything unusual (netmasks, mapped IPv6, errors), which ipaddress then judges."""
-    got = bypass_maps.fast_prefix(value)
+    got = flow_maps.fast_prefix(value)
     if got is None:
         return None
     family, packed, plen = got
@@ -94,23 +97,27 @@ def config_rules(b: Bypass) -> set[Rule]:
     return rules
 
 
-def graph_pins(cfg: Config, g: Graph) -> str:
-    return os.path.join(pin_dir(cfg), g.name)
+def pins(cfg: Config) -> str:
+    return instance_names(cfg).flow_pins
 
 
 def live_path(cfg: Config, g: Graph) -> str:
     # In the format of `bypass add --from-file`, so an operator can copy it elsewhere.
-    return os.path.join(graph_names(cfg, g).dir, "bypass-live.rules")
+    return graph_names(cfg, g).live_rules
 
 
-def read_live(cfg: Config, g: Graph) -> set[Rule]:
+def read_live_file(path: str) -> set[Rule]:
     """pepctl wrote this file from checked rules: read it without checking them again (it counts
     at 100,000 rules)."""
     try:
-        with open(live_path(cfg, g)) as f:
+        with open(path) as f:
             return {Rule(*line.split()) for line in f if line.strip() and not line.startswith("#")}
     except FileNotFoundError:
         return set()
+
+
+def read_live(cfg: Config, g: Graph) -> set[Rule]:
+    return read_live_file(live_path(cfg, g))
 
 
 def write_live(cfg: Config, g: Graph, rules: set[Rule]) -> None:
@@ -123,8 +130,8 @@ def write_live(cfg: Config, g: Graph, rules: set[Rule]) -> None:
 
 
 def map_args(rules: set[Rule] | list[Rule]) -> dict:
-    """Rules -> the keyword arguments of bypass_maps.add_rules/del_rules. Networks stay text:
-    rule values are canonical, and bypass_maps encodes text quickest."""
+    """Rules -> the keyword arguments of flow_maps.add_rules/del_rules. Networks stay text:
+    rule values are canonical, and flow_maps encodes text quickest."""
     out: dict = {"clients": [], "servers": [], "ports": []}
     for r in rules:
         if r.kind == "port":
@@ -136,13 +143,13 @@ def map_args(rules: set[Rule] | list[Rule]) -> dict:
 
 
 def install(cfg: Config, g: Graph, rules: set[Rule] | list[Rule]) -> dict:
-    """Writes rules to the maps; returns bypass_maps.add_rules' answer (entries, "method")."""
-    return bypass_maps.add_rules(graph_pins(cfg, g), **map_args(rules)) if rules else {"method": "none"}
+    """Writes rules to the maps; returns flow_maps.add_rules' answer (entries, "method")."""
+    return flow_maps.add_rules(pins(cfg), g.index, **map_args(rules)) if rules else {"method": "none"}
 
 
 def remove(cfg: Config, g: Graph, rules: set[Rule]) -> None:
     if rules:
-        bypass_maps.del_rules(graph_pins(cfg, g), **map_args(rules))
+        flow_maps.del_rules(pins(cfg), g.index, **map_args(rules))
 
 
 def sync(cfg: Config, g: Graph, old_config_rules: set[Rule]) -> tuple[int, int]:
@@ -154,5 +161,22 @@ def sync(cfg: Config, g: Graph, old_config_rules: set[Rule]) -> tuple[int, int]:
     return len(want), len(gone)
 
 
+@action("bypass_install")
+def _install(pin_dir: str, slot: int, rules: list, live_file: str) -> None:
+    """The config's rules of a graph, and its live rules if any (a graph brought up again)."""
+    want = {Rule(*r) for r in rules} | read_live_file(live_file)
+    if want:
+        flow_maps.add_rules(pin_dir, slot, **map_args(want))
+
+
+def install_step(cfg: Config, g: Graph) -> Step:
+    rules = sorted(config_rules(g.bypass))
+    shown = ", ".join(f"{r.kind} {r.value}" for r in rules[:8]) + (" ..." if len(rules) > 8 else "")
+    return Step(f"install the bypass rules of graph {g.name}",
+                Call("bypass_install", (pins(cfg), g.index, [list(r) for r in rules], live_path(cfg, g)),
+                     f"# bpf(2) {pins(cfg)}/maps: bypass rules of slot {g.index}: {shown or 'none'}"
+                     f" (and the live ones of {live_path(cfg, g)}, if any)"))
+
+
 def counters(cfg: Config, g: Graph) -> dict[str, int]:
-    return bypass_maps.read_counters(graph_pins(cfg, g))
+    return flow_maps.read_counters(pins(cfg), g.index)

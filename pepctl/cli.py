@@ -1,8 +1,8 @@
 """pepctl: bring the PEP up on a proxy host, watch it, take it out.
 
-Nouns change nothing (`plan`, `status`); verbs change state (`up`, `down`,
-`reload`). Every run of `up` on a host that is already up with the same
-config changes nothing and says so.
+Nouns change nothing (`plan`, `status`); verbs change state (`up`, `down`, `reload`,
+`bypass add|del|sync`) and hold the instance's lock while they do. Every run of `up` on a host
+that is already up with the same config changes nothing and says so.
 """
 
 from __future__ import annotations
@@ -14,31 +14,39 @@ import os
 import sys
 import time
 
+from haproxy import supervise
+
+from . import bypass, checks, hostinfo, plan, service, status
 from . import config as configmod
-from . import hostinfo, plan, status
+from .lock import InstanceLock, LockBusy
+from .names import instance_names
+from .reload import reload
 from .runner import Journal, StepError, apply, undo_all
 
 DEFAULT_CONFIG = "/etc/pep/pep.toml"
 
 
-def journal_path(cfg) -> str:
-    # Beside the instance's run folder, not in it: rolling back removes the folder.
-    return os.path.join(cfg.host.run_dir, f"{cfg.host.instance}.state.json")
-
-
-def config_hash(path: str) -> str:
+def read_config(path: str) -> tuple[str, str]:
+    """The config's text and its sha256."""
     with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+        data = f.read()
+    return data.decode("utf-8", errors="replace"), hashlib.sha256(data).hexdigest()
 
 
 def load(args):
     info_cc = hostinfo.read("/proc/sys/net/ipv4/tcp_available_congestion_control")
     cfg = configmod.load(args.config, available_cc=set(info_cc.split()) if info_cc else None)
-    return cfg, hostinfo.gather(cfg.host.nic)
+    return cfg, hostinfo.gather(cfg.host.nic, service.unit_user())
+
+
+def locked(cfg, command: str, args) -> InstanceLock:
+    n = instance_names(cfg)
+    return InstanceLock(n.lock, cfg.host.instance, command, wait=0 if args.no_wait else args.wait)
 
 
 def cmd_plan(args, out) -> int:
     cfg, info = load(args)
+    checks.check(cfg, info)
     print(f"# pepctl plan for instance {cfg.host.instance} ({args.config})", file=out)
     print(f"# {info.cpus_note}", file=out)
     for step in plan.build(cfg, info):
@@ -47,80 +55,86 @@ def cmd_plan(args, out) -> int:
     return 0
 
 
-def _forget(cfg, journal: Journal) -> None:
-    """Remove the journal and the now empty parent folders we created."""
+def _forget(cfg, journal: Journal, lock: InstanceLock) -> None:
+    """The instance is gone: remove its journal, its lock file, and the run folder if now empty."""
+    journal.remove()
+    lock.remove()
     try:
-        os.unlink(journal.path)
-    except FileNotFoundError:
-        pass
-    for d in (cfg.host.run_dir, cfg.host.bpf_dir):
-        try:
-            os.rmdir(d)
-        except OSError:
-            pass  # not empty (another instance) or already gone
+        os.rmdir(cfg.host.run_dir)
+    except OSError:
+        pass  # not empty (another instance) or already gone
 
 
 def cmd_up(args, out) -> int:
     cfg, info = load(args)
-    steps = plan.build(cfg, info)
-    journal = Journal(journal_path(cfg))
-    digest = config_hash(args.config)
-    if journal.exists and journal.data.get("complete"):
-        if journal.data["meta"].get("config_sha256") != digest:
-            print(f"pepctl: instance {cfg.host.instance} is up with another config; "
-                  "run `pepctl reload` to apply changes, or `pepctl down` first", file=sys.stderr)
+    n = instance_names(cfg)
+    text, digest = read_config(args.config)
+    with locked(cfg, "up", args) as lock:
+        journal = Journal(n.journal)
+        if journal.exists and journal.complete:
+            if journal.meta.get("config_sha256") != digest:
+                print(f"pepctl up: instance {cfg.host.instance} is up with another config; run `pepctl reload` "
+                      "to apply changes, or `pepctl down` first", file=sys.stderr)
+                return 1
+            found = status.problems(cfg)
+            if found:
+                print(f"pepctl up: instance {cfg.host.instance} is up but damaged: {'; '.join(found)}. "
+                      "Run `pepctl down` then `pepctl up`.", file=sys.stderr)
+                return 1
+            print(f"instance {cfg.host.instance} is already up with this config; nothing changed", file=out)
+            return 0
+        if journal.exists:
+            print(f"a previous `up` of {cfg.host.instance} did not finish: undoing it first", file=out)
+            errors = undo_all(journal, log=lambda m: print(m, file=out))
+            if errors:
+                print("pepctl up: could not undo the previous attempt:\n  " + "\n  ".join(errors), file=sys.stderr)
+                return 1
+            journal.remove()
+        checks.check(cfg, info)
+        steps = plan.build(cfg, info)
+        journal.start({"config": os.path.abspath(args.config), "config_sha256": digest, "config_text": text,
+                       "started": time.time(), "pid": os.getpid()})
+        print(f"bringing up instance {cfg.host.instance} on {cfg.host.nic} ({info.cpus_note})", file=out)
+        try:
+            apply(steps, journal, log=lambda m: print(m, file=out))
+        except (StepError, OSError) as e:
+            _forget(cfg, journal, lock)
+            print(f"pepctl up: {e}\nnothing is left of this attempt", file=sys.stderr)
             return 1
-        problems = status.problems(cfg)
-        if problems:
-            print(f"pepctl: instance {cfg.host.instance} is up but damaged: {'; '.join(problems)}. "
-                  "Run `pepctl down` then `pepctl up`.", file=sys.stderr)
-            return 1
-        print(f"instance {cfg.host.instance} is already up with this config; nothing changed", file=out)
-        return 0
-    if journal.exists:
-        print(f"a previous `up` of {cfg.host.instance} did not finish: undoing it first", file=out)
-        undo_all(journal, log=lambda m: print(m, file=out))
-    journal.data = {"complete": False, "undo": [],
-                    "meta": {"config": os.path.abspath(args.config), "config_sha256": digest,
-                             "config_text": open(args.config).read()}}
-    journal.save()
-    print(f"bringing up instance {cfg.host.instance} on {cfg.host.nic} ({info.cpus_note})", file=out)
-    try:
-        apply(steps, journal, log=lambda m: print(m, file=out))
-    except (StepError, OSError) as e:
-        _forget(cfg, journal)
-        print(f"pepctl up: {e}\nnothing is left of this attempt", file=sys.stderr)
-        return 1
-    except BaseException:
-        _forget(cfg, journal)
-        raise
-    journal.data["complete"] = True
-    journal.save()
+        except BaseException:
+            _forget(cfg, journal, lock)
+            raise
+        journal.mark_complete()
     print(f"instance {cfg.host.instance} is up: {len(cfg.graphs)} graph(s)", file=out)
     return 0
 
 
 def cmd_down(args, out) -> int:
     cfg = configmod.load(args.config)
-    journal = Journal(journal_path(cfg))
-    if not journal.exists:
-        print(f"instance {cfg.host.instance} is not up (no {journal.path}); nothing to do", file=out)
+    n = instance_names(cfg)
+    if not os.path.exists(n.journal):
+        print(f"instance {cfg.host.instance} is not up (no {n.journal}); nothing to do", file=out)
         return 0
-    errors = undo_all(journal, log=lambda m: print(m, file=out))
-    if errors:
-        for e in errors:
-            print(f"pepctl down: {e}", file=sys.stderr)
-        print(f"pepctl down: {len(errors)} undo step(s) failed; the journal keeps them: re-run `pepctl down`",
-              file=sys.stderr)
-        return 1
-    _forget(cfg, journal)
+    with locked(cfg, "down", args) as lock:
+        journal = Journal(n.journal)
+        if not journal.exists:   # taken down while we waited for the lock
+            print(f"instance {cfg.host.instance} is not up; nothing to do", file=out)
+            return 0
+        errors = undo_all(journal, log=lambda m: print(m, file=out))
+        if errors:
+            for e in errors:
+                print(f"pepctl down: {e}", file=sys.stderr)
+            print(f"pepctl down: {len(errors)} undo step(s) failed; the journal keeps them: re-run `pepctl down`",
+                  file=sys.stderr)
+            return 1
+        _forget(cfg, journal, lock)
     print(f"instance {cfg.host.instance} is down", file=out)
     return 0
 
 
 def cmd_status(args, out) -> int:
     cfg = configmod.load(args.config)
-    report = status.collect(cfg, journal_path(cfg))
+    report = status.collect(cfg)
     if args.json:
         json.dump(report, out, indent=2)
         print(file=out)
@@ -130,13 +144,14 @@ def cmd_status(args, out) -> int:
 
 
 def cmd_reload(args, out) -> int:
-    from .reload import reload
     cfg, info = load(args)
-    try:
-        return reload(cfg, info, Journal(journal_path(cfg)), config_hash(args.config), out)
-    except StepError as e:
-        print(f"pepctl reload: {e}", file=sys.stderr)
-        return 1
+    text, digest = read_config(args.config)
+    with locked(cfg, "reload", args):
+        try:
+            return reload(cfg, info, Journal(instance_names(cfg).journal), text, digest, out)
+        except StepError as e:
+            print(f"pepctl reload: {e}", file=sys.stderr)
+            return 1
 
 
 def _graph(cfg, name: str | None):
@@ -152,10 +167,9 @@ def _graph(cfg, name: str | None):
 
 
 def cmd_bypass(args, out) -> int:
-    from . import bypass
     cfg = configmod.load(args.config)
-    journal = Journal(journal_path(cfg))
-    if not journal.exists:
+    n = instance_names(cfg)
+    if not os.path.exists(n.journal):
         print(f"pepctl bypass: instance {cfg.host.instance} is not up; rules in the config apply at `up`",
               file=sys.stderr)
         return 1
@@ -163,30 +177,42 @@ def cmd_bypass(args, out) -> int:
     if not g.proxy.enabled:
         print(f"pepctl bypass: graph {g.name} has no proxy: every flow is forwarded already", file=sys.stderr)
         return 1
-    if args.action == "sync":
-        old = bypass.config_rules(_old_config(journal, cfg, g).bypass) if journal.data.get("complete") else set()
-        added, removed = bypass.sync(cfg, g, old)
-        print(f"graph {g.name}: {added} bypass rule(s) installed, {removed} removed", file=out)
-        return 0
-    live = bypass.read_live(cfg, g)
-    from_config = bypass.config_rules(g.bypass)
     if args.action == "list":
-        rules = [{**r.as_json(), "source": "config"} for r in sorted(from_config)]
-        rules += [{**r.as_json(), "source": "live"} for r in sorted(live - from_config)]
-        if args.json:
-            json.dump({"graph": g.name, "rules": rules, "counters": bypass.counters(cfg, g)}, out, indent=2)
-            print(file=out)
-        else:
-            for r in rules:
-                print(f"{r['kind']:<7} {r['value']:<24} ({r['source']})", file=out)
-            if not rules:
-                print(f"graph {g.name}: no bypass rules", file=out)
-        return 0
+        return _bypass_list(cfg, g, args, out)
     try:
-        rules = _rules_of(args)
+        rules = _rules_of(args) if args.action != "sync" else []
     except bypass.RuleError as e:
         print(f"pepctl bypass {args.action}: {e}", file=sys.stderr)
         return 2
+    with locked(cfg, f"bypass {args.action}", args):
+        journal = Journal(n.journal)
+        if args.action == "sync":
+            old = bypass.config_rules(_old_config(journal, g).bypass) if journal.complete else set()
+            added, removed = bypass.sync(cfg, g, old)
+            print(f"graph {g.name}: {added} bypass rule(s) installed, {removed} removed", file=out)
+            return 0
+        return _bypass_change(cfg, g, args, rules, out)
+
+
+def _bypass_list(cfg, g, args, out) -> int:
+    live = bypass.read_live(cfg, g)
+    from_config = bypass.config_rules(g.bypass)
+    rules = [{**r.as_json(), "source": "config"} for r in sorted(from_config)]
+    rules += [{**r.as_json(), "source": "live"} for r in sorted(live - from_config)]
+    if args.json:
+        json.dump({"graph": g.name, "rules": rules, "counters": bypass.counters(cfg, g)}, out, indent=2)
+        print(file=out)
+    else:
+        for r in rules:
+            print(f"{r['kind']:<7} {r['value']:<24} ({r['source']})", file=out)
+        if not rules:
+            print(f"graph {g.name}: no bypass rules", file=out)
+    return 0
+
+
+def _bypass_change(cfg, g, args, rules, out) -> int:
+    live = bypass.read_live(cfg, g)
+    from_config = bypass.config_rules(g.bypass)
     # One rule is named in the messages; a file's rules are counted.
     what = f"{rules[0].kind} {rules[0].value}" if not args.from_file else \
         f"{len(set(rules))} rule(s) from {args.from_file}"
@@ -219,7 +245,6 @@ def cmd_bypass(args, out) -> int:
 
 def _rules_of(args) -> list:
     """The rules an add/del names: KIND VALUE on the command line, or --from-file FILE."""
-    from . import bypass
     if args.from_file:
         if args.kind:
             raise bypass.RuleError("give either a rule (KIND VALUE) or --from-file FILE, not both")
@@ -234,26 +259,32 @@ def _rules_of(args) -> list:
     return [bypass.parse_rule(args.kind, args.value)]
 
 
-def _old_config(journal, cfg, g):
+def _old_config(journal: Journal, g):
     """The graph as the last up/reload installed it (its config rules are in the maps)."""
-    old = configmod.parse(journal.data["meta"]["config_text"], journal.data["meta"]["config"])
+    old = configmod.parse(journal.meta["config_text"], journal.meta["config"])
     return next((o for o in old.graphs if o.name == g.name), g)
 
 
-def cmd_watchdog(args, out) -> int:
-    from . import watchdog
-    return watchdog.main(configmod.load(args.config), args.graph_name)
+def cmd_supervise(args, out) -> int:
+    return supervise.main(args.instance_dir)
+
+
+def cmd_keep(args, out) -> int:
+    return service.keep(args.instance_dir, args.journal)
 
 
 COMMANDS = {
     "plan": (cmd_plan, "print the exact commands `up` would run; change nothing"),
     "up": (cmd_up, "bring the instance up (no-op if already up with this config)"),
     "down": (cmd_down, "remove everything `up` made, and nothing else"),
-    "status": (cmd_status, "report state, HAProxy sessions and steering counters"),
+    "status": (cmd_status, "report state, what new flows get, HAProxy sessions and datapath counters"),
     "reload": (cmd_reload, "apply a changed proxy config without dropping connections"),
     "bypass": (cmd_bypass, "per-flow bypass rules: add|del|list|sync (new flows only)"),
-    "watchdog": (cmd_watchdog, "run the fail-open watchdog of a graph (started by `up`)"),
+    "supervise": (cmd_supervise, "(run by the supervisor's unit or keeper) supervise HAProxy"),
+    "keep": (cmd_keep, "(run by `up` where there is no systemd) keep the supervisor running"),
 }
+NO_CONFIG = ("supervise", "keep")
+LOCKING = ("up", "down", "reload", "bypass")
 
 
 def main(argv: list[str] | None = None, out=sys.stdout) -> int:
@@ -262,6 +293,10 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text)
+        if name in LOCKING:
+            p.add_argument("--wait", type=float, default=600, metavar="SECONDS",
+                           help="how long to wait for another command holding the instance's lock (default 600)")
+            p.add_argument("--no-wait", action="store_true", help="do not wait for the lock: say who holds it")
         if name == "status":
             p.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "bypass":
@@ -273,11 +308,13 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
             p.add_argument("--from-file", metavar="FILE",
                            help="with add/del: the rules of FILE, one `KIND VALUE` a line (# comments); "
                                 "all or nothing")
-        if name == "watchdog":
-            p.add_argument("graph_name", metavar="GRAPH")
+        if name in NO_CONFIG:
+            p.add_argument("instance_dir", metavar="INSTANCE_DIR")
+        if name == "keep":
+            p.add_argument("journal", metavar="JOURNAL")
     args = ap.parse_args(argv)
     args.config = os.path.abspath(args.config)
-    if args.command != "plan" and os.geteuid() != 0:
+    if args.command not in ("plan", "supervise") and os.geteuid() != 0:
         print(f"pepctl {args.command}: must run as root (it changes namespaces, links and BPF maps)",
               file=sys.stderr)
         return 1
@@ -286,10 +323,15 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
     except configmod.ConfigError as e:
         print(f"pepctl {args.command}: invalid config:\n{e}", file=sys.stderr)
         return 2
+    except LockBusy as e:
+        print(f"pepctl {args.command}: {e}", file=sys.stderr)
+        return 1
     except FileNotFoundError as e:
-        print(f"pepctl {args.command}: {e.filename}: no such file; give the config with -c FILE",
-              file=sys.stderr)
-        return 2
+        if e.filename == args.config:
+            print(f"pepctl {args.command}: {e.filename}: no such file; give the config with -c FILE",
+                  file=sys.stderr)
+            return 2
+        raise
 
 
 if __name__ == "__main__":

@@ -40,15 +40,13 @@ class Side:
 @dataclass(frozen=True)
 class Proxy:
     enabled: bool
-    interception: str                         # "nft" | "route"
+    interception: str                         # "bpf" | "nft" | "route"
     ports: tuple[tuple[int, int], ...] | None  # sorted, disjoint inclusive ranges; None = all (nft only)
     listen_port: int                          # nft mode: the port tproxy hands flows to
     splice: str                               # "both" | "auto" | "off"
     mode: str                                 # "tcp" | "http"
-    threads: int                              # 0 = one per CPU of the NIC's NUMA node
-    maxconn: int                              # 0 = sized from the open-file limit
+    maxconn: int                              # 0 = the host's maxconn (no limit of its own)
     log_connections: bool
-    metrics_port: int                         # 0 = no Prometheus exporter
 
 
 @dataclass(frozen=True)
@@ -83,6 +81,12 @@ class Host:
     run_dir: str
     bpf_dir: str
     tuning: Tuning
+    user: str              # the proxy's own user (HAProxy and its supervisor)
+    supervisor: str        # "auto" | "systemd" | "pepctl": what restarts the supervisor
+    threads: int           # HAProxy threads; 0 = one per CPU of the NIC's NUMA node
+    maxconn: int           # HAProxy's connections, all graphs; 0 = sized from the open-file limit
+    metrics_address: str   # the Prometheus exporter's address, in the host's namespace
+    metrics_port: int      # 0 = no exporter
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,18 @@ def toml_value(v: Any) -> str:
 # --- the schema -------------------------------------------------------------------------------
 
 TOP_KEYS = ("host", "defaults", "graph")
-HOST_KEYS = ("instance", "nic", "run_dir", "bpf_dir", "tuning")
+HOST_KEYS = ("instance", "nic", "run_dir", "bpf_dir", "tuning", "user", "supervisor", "threads", "maxconn",
+             "metrics_address", "metrics_port")
+HOST_DEFAULTS: dict[str, Any] = {
+    "user": "pep",
+    "supervisor": "auto",
+    "threads": 0,
+    "maxconn": 0,
+    "metrics_address": "127.0.0.1",
+    "metrics_port": 9101,
+}
+# Keys that moved from [graph.proxy] to [host] when one HAProxy came to serve every graph.
+MOVED_TO_HOST = ("threads", "metrics_port")
 TUNING_KEYS = ("irq_affinity", "rss_symmetric", "sysctls")
 DEFAULTS_KEYS = ("proxy",)
 GRAPH_KEYS = ("name", "access", "origin", "proxy", "bypass")
@@ -138,15 +153,13 @@ BYPASS_KEYS = ("clients", "servers", "ports")
 SIDE_KEYS = ("vlan", "addresses", "prefixes", "gateways", "congctl", "initcwnd")
 PROXY_DEFAULTS: dict[str, Any] = {
     "enabled": True,
-    "interception": "nft",
+    "interception": "bpf",
     "ports": None,          # "all"
     "listen_port": 50080,
     "splice": "both",
     "mode": "tcp",
-    "threads": 0,
     "maxconn": 0,
     "log_connections": False,
-    "metrics_port": 9101,
 }
 PROXY_KEYS = tuple(PROXY_DEFAULTS)
 DEFAULT_CONGCTL = {"access": "bbr", "origin": "cubic"}
@@ -157,13 +170,15 @@ DEFAULT_CONGCTL = {"access": "bbr", "origin": "cubic"}
 DEFAULT_INITCWND = {"access": 32, "origin": 0}
 MAX_INITCWND = 256
 
+USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 INSTANCE_RE = re.compile(r"[a-z][a-z0-9]{0,8}")      # prefixes link names: IFNAMSIZ is 16
 GRAPH_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,11}")
 CONGCTL_RE = re.compile(r"[a-z0-9_]{1,15}")
 MAX_THREADS = 64          # HAProxy 2.6 is built with MAX_THREADS=64 (`haproxy -vv`)
 MAX_ROUTE_PORTS = 1000    # route mode binds one listener per port and family
 ENUMS = {
-    "interception": ("nft", "route"),
+    "interception": ("bpf", "nft", "route"),
+    "supervisor": ("auto", "systemd", "pepctl"),
     "splice": ("both", "auto", "off"),
     "mode": ("tcp", "http"),
 }
@@ -275,6 +290,10 @@ class _Reader:
         for key in table:
             if key in known:
                 continue
+            if key in MOVED_TO_HOST and where.endswith("proxy"):
+                self.error(_join(where, key), table[key], f"moved to [host] (one HAProxy serves every graph): "
+                           f"write `{key} = {toml_value(table[key])}` under [host]")
+                continue
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
             if not close:  # an abbreviation: irq -> irq_affinity
                 close = [k for k in known if k.startswith(key)][:1]
@@ -335,8 +354,36 @@ class _Reader:
         if traw is not BAD:
             flags = [self.get(traw, "host.tuning", k, _BOOL, True) for k in TUNING_KEYS]
             tuning = BAD if BAD in flags else Tuning(*flags)
-        parts = [instance, nic, *dirs, tuning]
+        extra = [self.host_value(raw, key) for key in HOST_DEFAULTS]
+        parts = [instance, nic, *dirs, tuning, *extra]
         return BAD if any(p is BAD for p in parts) else Host(*parts)
+
+    def host_value(self, raw: dict, key: str) -> Any:
+        """One of the [host] keys with a default (HOST_DEFAULTS), checked."""
+        path = f"host.{key}"
+        default = HOST_DEFAULTS[key]
+        value = self.get(raw, "host", key, _STR if isinstance(default, str) else _INT, default)
+        if value is BAD:
+            return BAD
+        if key == "user" and not USER_RE.fullmatch(value):
+            return self.error(path, value, 'not a user name (a-z, 0-9, "_", "-", starting with a letter); '
+                              'the proxy runs as this user, e.g. "pep"')
+        if key in ENUMS and value not in ENUMS[key]:
+            return self.error(path, value, f"must be one of {', '.join(map(json.dumps, ENUMS[key]))}")
+        if key == "threads" and not 0 <= value <= MAX_THREADS:
+            return self.error(path, value, f"use 1-{MAX_THREADS} threads (HAProxy's limit), "
+                              "or 0 for one per CPU of the NIC's NUMA node")
+        if key == "maxconn" and value < 0:
+            return self.error(path, value, "must not be negative; use 0 to size it from the open-file limit")
+        if key == "metrics_port" and not 0 <= value <= 65535:
+            return self.error(path, value, "not a TCP port; use 1-65535, or 0 for no metrics")
+        if key == "metrics_address":
+            try:
+                ipaddress.ip_address(value)
+            except ValueError:
+                return self.error(path, value, 'not an IP address; the exporter listens on it in the host\'s '
+                                  'namespace, e.g. "127.0.0.1" or a management address')
+        return value
 
     # -- proxy --
 
@@ -355,13 +402,8 @@ class _Reader:
             return self.error(path, value, f"must be {_INT}, not {_type_name(value)}")
         if key == "listen_port" and not 1 <= value <= 65535:
             return self.error(path, value, "not a TCP port; use 1-65535 (default 50080)")
-        if key == "metrics_port" and not 0 <= value <= 65535:
-            return self.error(path, value, "not a TCP port; use 1-65535, or 0 for no metrics")
-        if key == "threads" and not 0 <= value <= MAX_THREADS:
-            return self.error(path, value, f"use 1-{MAX_THREADS} threads (HAProxy's limit), "
-                              "or 0 for one per CPU of the NIC's NUMA node")
         if key == "maxconn" and value < 0:
-            return self.error(path, value, "must not be negative; use 0 to size it from the open-file limit")
+            return self.error(path, value, "must not be negative; use 0 for the host's maxconn")
         return value
 
     def ports(self, value: Any, path: str) -> Any:
@@ -415,22 +457,16 @@ class _Reader:
             self.error(f"{path}.{key}", shown, msg + src)
             v[key] = BAD
 
-        mode, ports, listen, metrics = v["interception"], v["ports"], v["listen_port"], v["metrics_port"]
+        mode, ports, listen = v["interception"], v["ports"], v["listen_port"]
         if mode == "route" and ports is None:
             fail("ports", 'interception = "route" needs a list of ports (HAProxy binds each one); '
                  'set ports = [80, 443] or use interception = "nft"')
         elif mode == "route" and ports is not BAD and _count(ports) > MAX_ROUTE_PORTS:
             fail("ports", f'interception = "route" binds one listener per port: at most {MAX_ROUTE_PORTS} '
                  'ports; use interception = "nft" for large port sets')
-        if mode == "nft" and ports not in (None, BAD) and listen is not BAD and in_ranges(listen, ports):
-            fail("listen_port", f"is also an intercepted port (ports); the tproxy listener needs a port of "
+        if mode in ("bpf", "nft") and ports not in (None, BAD) and listen is not BAD and in_ranges(listen, ports):
+            fail("listen_port", f"is also an intercepted port (ports); the proxy's listener needs a port of "
                  f"its own: pick one outside ports (default {PROXY_DEFAULTS['listen_port']})")
-        if metrics not in (0, BAD):
-            if mode == "nft" and metrics == listen:
-                fail("metrics_port", "collides with listen_port; pick another port, or 0 for no metrics")
-            elif mode == "route" and ports not in (None, BAD) and in_ranges(metrics, ports):
-                fail("metrics_port", "is also an intercepted port (ports), which HAProxy binds on every "
-                     "address; pick a port outside ports, or 0 for no metrics")
         values = [v[k] for k in PROXY_KEYS]
         return BAD if any(x is BAD for x in values) else Proxy(*values)
 

@@ -8,7 +8,9 @@ NUMA node through its bus address, which does not depend on the namespace.
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import resource
 from dataclasses import dataclass
 
@@ -24,6 +26,9 @@ class HostInfo:
     cpus_note: str               # why these CPUs
     nofile: int                  # the hard open-file limit HAProxy can raise to
     available_cc: frozenset[str]
+    proxy_user: str              # the proxy's own user (User= of its systemd unit)
+    proxy_uid: int | None        # None: no such user on this host
+    proxy_gid: int | None
 
 
 def parse_cpulist(text: str) -> list[int]:
@@ -67,7 +72,19 @@ def read(path: str) -> str | None:
         return None
 
 
-def gather(nic: str) -> HostInfo:
+def user_ids(user: str) -> tuple[int | None, int | None]:
+    """(uid, gid of its group of the same name, or its primary group); (None, None) if unknown."""
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        return None, None
+    try:
+        return pw.pw_uid, grp.getgrnam(user).gr_gid
+    except KeyError:
+        return pw.pw_uid, pw.pw_gid
+
+
+def gather(nic: str, proxy_user: str = "pep") -> HostInfo:
     exists = link_exists(nic)
     bus = nic_bus_address(nic) if exists else None
     node = None
@@ -85,14 +102,15 @@ def gather(nic: str) -> HostInfo:
         note = f"NIC {nic} reports no NUMA locality (virtual NIC or single node): using all CPUs {cpus}"
     cc = frozenset((read("/proc/sys/net/ipv4/tcp_available_congestion_control") or "").split())
     return HostInfo(exists, bus, node, tuple(cpus), note,
-                    resource.getrlimit(resource.RLIMIT_NOFILE)[1], cc)
+                    resource.getrlimit(resource.RLIMIT_NOFILE)[1], cc, proxy_user, *user_ids(proxy_user))
 
 
-def maxconn_for(nofile: int) -> int:
+def maxconn_for(nofile: int, graphs: int = 1) -> int:
     """Connections one HAProxy process can hold within the open-file limit.
 
     Each proxied connection costs two sockets, and with splice HAProxy keeps
     up to maxconn/4 pipes of two fds each: about 2.5 fds a connection. Keep
-    200 fds for listeners, logs and the stats socket.
+    200 fds for logs and the stats socket, and 3 per graph: its two listeners
+    and the open namespace HAProxy keeps for them.
     """
-    return max(int((nofile - 200) / 2.5), 25)
+    return max(int((nofile - 200 - 3 * graphs) / 2.5), 25)

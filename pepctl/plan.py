@@ -1,208 +1,56 @@
 """From a Config and the host's facts to the exact list of Steps `up` runs.
 
-Per host:   bpffs, run folder, the steering programs and maps (pinned under
-            bpf_dir/instance), clsact + trunk_ingress on the NIC, host tuning.
-Per graph:  namespace INSTANCE-NAME; veths c_out/c_in and s_out/s_in; the
-            VLAN <-> port entries in the steering maps; port_ingress on both
-            ports; addresses and per-side routes with their congctl; and when
-            the proxy is enabled, interception (nft or route) and HAProxy.
+Per host:   bpffs; the pin folder with the steering programs (tc/steer.o) and, when a graph is
+            proxied, the flow program (tc/flow.o): one load of each, shared by every graph;
+            the instance's folders; clsact on the NIC; host tuning.
+Per graph:  namespace INSTANCE-NAME with c_in and s_in (ifindexes of its slot, see
+            tc/pep_flow.h), their host ends INSTANCEc<vlan> and INSTANCEs<vlan>; addresses,
+            routes with each side's congctl and initcwnd; the VLAN <-> port entries of the
+            steering maps and port_ingress on both ports; when proxied, interception (bpf, nft
+            or route), the graph's entries in the flow maps, and flow_ingress on c_in and s_in.
+Then:       one HAProxy config for every graph, the supervisor that runs HAProxy, and last
+            trunk_ingress on the NIC: traffic arrives only when everything is in place.
+
+A thousand graphs must come up in well under a minute, so commands are batched: one
+`ip -batch` creates every namespace, one per namespace builds its links, addresses and routes,
+one `tc -batch` per side attaches the programs, and map writes and sysctls run in-process.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import socket
 
-from . import hostinfo
+from haproxy.render import GraphProxy, Process, render
+
+from . import bypass, flow_maps, nsutil, service, steering
 from .config import Config, ConfigError, FieldError, Graph, Side
-from .hostinfo import HostInfo
-from .runner import Deferred, Step, run_json
+from .hostinfo import HostInfo, maxconn_for
+from .names import (
+    C_IN,
+    FLOW_PREF,
+    LOCAL_TABLE,
+    PORT_PREF,
+    RULE_PREF,
+    S_IN,
+    TRUNK_PREF,
+    GraphNames,
+    graph_names,
+    in_netns,
+    instance_names,
+)
+from .render_nft import render_nft
+from .runner import Call, Step, action, run_json
 from .tuning import tuning_steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEER_OBJ = os.path.join(REPO, "tc", "steer.o")
-TPROXY_MARK = 1
-TPROXY_TABLE = 100
-TRUNK_PREF = 10   # tc filter preference of trunk_ingress on the NIC
-PORT_PREF = 10
-
-
-@dataclass(frozen=True)
-class GraphNames:
-    netns: str
-    c_out: str
-    s_out: str
-    dir: str          # run folder of the graph
-    haproxy_cfg: str
-    haproxy_pid: str
-    haproxy_log: str
-    haproxy_sock: str
-    nft_file: str
-    nft_table: str
-
-
-C_IN, S_IN = "c_in", "s_in"
-
-
-def instance_dir(cfg: Config) -> str:
-    return os.path.join(cfg.host.run_dir, cfg.host.instance)
-
-
-def pin_dir(cfg: Config) -> str:
-    return os.path.join(cfg.host.bpf_dir, cfg.host.instance)
-
-
-def graph_names(cfg: Config, g: Graph) -> GraphNames:
-    inst = cfg.host.instance
-    d = os.path.join(instance_dir(cfg), g.name)
-    return GraphNames(
-        netns=f"{inst}-{g.name}",
-        c_out=f"{inst}c{g.access.vlan}",
-        s_out=f"{inst}s{g.origin.vlan}",
-        dir=d,
-        haproxy_cfg=os.path.join(d, "haproxy.cfg"),
-        haproxy_pid=os.path.join(d, "haproxy.pid"),
-        haproxy_log=os.path.join(d, "haproxy.log"),
-        haproxy_sock=os.path.join(d, "haproxy.sock"),
-        nft_file=os.path.join(d, "intercept.nft"),
-        nft_table=f"pep_{inst}",
-    )
-
-
-def u32_bytes(value: int) -> list[str]:
-    """bpftool takes keys/values as bytes, little-endian on this host."""
-    return [str(b) for b in int(value).to_bytes(4, "little")]
-
-
-def in_netns(ns: str | None, argv: list) -> list:
-    """Run argv in network namespace ns (None: here). nsenter --net, not `ip netns
-    exec`: the latter remounts /sys and hides the pins under /sys/fs/bpf."""
-    return argv if ns is None else ["nsenter", f"--net=/run/netns/{ns}", *argv]
-
-
-def ifindex_bytes(name: str, ns: str | None = None) -> Deferred:
-    where = f"{ns}/{name}" if ns else name
-    return Deferred(f"ifindex of {where}, 4 bytes LE", lambda: u32_bytes(hostinfo.ifindex(name, ns)))
-
-
-def steering_load_steps(pins: str, trunk: str, ns: str | None = None) -> list[Step]:
-    """Pin the steering programs and maps under pins/, and a clsact qdisc on the trunk."""
-    where = f"{ns}/{trunk}" if ns else trunk
-    return [
-        Step(f"create pin folder {pins}", ["mkdir", "-p", pins], undo=["@rm", pins]),
-        Step("load steering programs and maps",
-             ["bpftool", "prog", "loadall", STEER_OBJ, f"{pins}/prog", "type", "classifier",
-              "pinmaps", f"{pins}/maps"]),
-        Step(f"add clsact qdisc on {where}", in_netns(ns, ["tc", "qdisc", "add", "dev", trunk, "clsact"]),
-             undo=in_netns(ns, ["tc", "qdisc", "del", "dev", trunk, "clsact"]),
-             done=lambda: _has_clsact(trunk, ns)),
-    ]
-
-
-def trunk_attach_step(pins: str, trunk: str, ns: str | None = None) -> Step:
-    where = f"{ns}/{trunk}" if ns else trunk
-    return Step(f"attach trunk_ingress to {where} ingress",
-                in_netns(ns, ["tc", "filter", "add", "dev", trunk, "ingress", "pref", str(TRUNK_PREF),
-                              "handle", "1", "bpf", "direct-action", "object-pinned",
-                              f"{pins}/prog/trunk_ingress"]),
-                undo=in_netns(ns, ["tc", "filter", "del", "dev", trunk, "ingress", "pref", str(TRUNK_PREF)]))
-
-
-def steering_port_steps(pins: str, port: str, vid: int, trunk: str, ns: str | None = None) -> list[Step]:
-    """VLAN vid <-> port: untagged frames of vid leave by port; frames from port get tagged vid."""
-    maps = f"{pins}/maps"
-    where = f"{ns}/{port}" if ns else port
-    return [
-        Step(f"steer VLAN {vid} to {where}",
-             ["bpftool", "map", "update", "pinned", f"{maps}/vlan_ports", "key", *u32_bytes(vid),
-              "value", ifindex_bytes(port, ns), "0", "0", "0", "0"],
-             undo=["bpftool", "map", "update", "pinned", f"{maps}/vlan_ports", "key", *u32_bytes(vid),
-                   "value", *(["0"] * 8)]),
-        Step(f"tag frames from {where} with VLAN {vid}",
-             ["bpftool", "map", "update", "pinned", f"{maps}/port_vlans", "key", ifindex_bytes(port, ns),
-              "value", *u32_bytes(vid), ifindex_bytes(trunk, ns)]),
-        Step(f"add clsact qdisc on {where}", in_netns(ns, ["tc", "qdisc", "add", "dev", port, "clsact"])),
-        Step(f"attach port_ingress to {where} ingress",
-             in_netns(ns, ["tc", "filter", "add", "dev", port, "ingress", "pref", str(PORT_PREF), "handle", "1",
-                           "bpf", "direct-action", "object-pinned", f"{pins}/prog/port_ingress"])),
-    ]
-
-
-def write_step(path: str, content: str, what: str) -> Step:
-    """A file written by `up`: shown in the plan as a heredoc."""
-    return Step(what, ["@write", path, content])
-
-
-def _mounted_bpffs() -> bool:
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == "/sys/fs/bpf" and line.split()[2] == "bpf" for line in f)
-
-
-def _has_clsact(dev: str, ns: str | None = None) -> bool:
-    return any(q.get("kind") == "clsact" for q in run_json(in_netns(ns, ["tc", "-j", "qdisc", "show", "dev", dev])))
-
-
-def host_steps(cfg: Config, info: HostInfo) -> list[Step]:
-    rundir = instance_dir(cfg)
-    return [
-        Step("mount bpffs at /sys/fs/bpf", ["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], done=_mounted_bpffs),
-        Step(f"create run folder {rundir}", ["mkdir", "-p", "-m", "0750", rundir], undo=["@rm", rundir]),
-        *steering_load_steps(pin_dir(cfg), cfg.host.nic),
-        *tuning_steps(cfg, info),
-    ]
-
-
-def _onlink(side: Side, net) -> bool:
-    return any(net.subnet_of(a.network) for a in side.addresses if a.version == net.version)
-
-
-def _gateway(side: Side, version: int):
-    return next((gw for gw in side.gateways if gw.version == version), None)
-
-
-def route_steps(cfg: Config, g: Graph, n: GraphNames) -> list[Step]:
-    """Addresses without kernel prefix routes, then one route per prefix with its side's congctl
-    and initial congestion window (both route metrics: every connection on that side takes them)."""
-    steps = []
-    errors = []
-    for side_name, side, dev in (("access", g.access, C_IN), ("origin", g.origin, S_IN)):
-        for addr in side.addresses:
-            extra = ["nodad"] if addr.version == 6 else []
-            steps.append(Step(f"address {addr} on {n.netns}/{dev}",
-                              ["ip", "-n", n.netns, "addr", "add", str(addr), "dev", dev, "noprefixroute",
-                               *extra]))
-        for i, net in enumerate(side.prefixes):
-            fam = "-4" if net.version == 4 else "-6"
-            if _onlink(side, net):
-                src = next(a.ip for a in side.addresses if a.version == net.version and net.subnet_of(a.network))
-                via = ["dev", dev, "scope", "link", "src", str(src)]
-            else:
-                gw = _gateway(side, net.version)
-                if gw is None:
-                    errors.append(FieldError(cfg.path, f"graph[{g.index}].{side_name}.prefixes[{i}]", str(net),
-                                             f"not on-link and no IPv{net.version} gateway on the {side_name} "
-                                             f"side; add one to graph[{g.index}].{side_name}.gateways"))
-                    continue
-                via = ["via", str(gw), "dev", dev]
-            window = ["initcwnd", str(side.initcwnd)] if side.initcwnd else []
-            steps.append(Step(f"route {net} via {side_name} side, congctl {side.congctl}"
-                              + (f", initcwnd {side.initcwnd}" if side.initcwnd else ""),
-                              ["ip", fam, "-n", n.netns, "route", "replace", str(net), *via,
-                               "proto", "static", "congctl", side.congctl, *window]))
-    if errors:
-        raise ConfigError(errors)
-    return steps
-
-
-def _sysctl(ns: str, key: str, value: str) -> Step:
-    return Step(f"sysctl {key}={value} in {ns}",
-                ["ip", "netns", "exec", ns, "sysctl", "-q", "-w", f"{key}={value}"])
-
+FLOW_OBJ = os.path.join(REPO, "tc", "flow.o")
 
 NETNS_SYSCTLS = [
     ("net.ipv4.ip_forward", "1"),
     ("net.ipv6.conf.all.forwarding", "1"),
-    # TPROXY answers for addresses that are not local: reverse-path checks would drop them.
+    # Intercepted packets are addressed to others: reverse-path checks would drop them.
     ("net.ipv4.conf.all.rp_filter", "0"),
     ("net.ipv4.conf.default.rp_filter", "0"),
     ("net.ipv6.conf.all.accept_dad", "0"),
@@ -218,45 +66,325 @@ NETNS_SYSCTLS = [
 ]
 
 
-def graph_steps(cfg: Config, g: Graph, info: HostInfo) -> list[Step]:
+# -- pieces the lab uses too ---------------------------------------------------------------------
+def loadall_argv(obj: str, pins: str) -> list[str]:
+    """Loads obj's programs under PINS/prog and its maps under PINS/maps."""
+    return ["bpftool", "prog", "loadall", obj, f"{pins}/prog", "type", "classifier", "pinmaps", f"{pins}/maps"]
+
+
+def mkdir_step(path: str, mode: int = 0o755, *, uid: int = -1, gid: int = -1, ours: list[str] | None = None,
+               what: str | None = None) -> Step:
+    """A folder this run makes, and on undo removes: all of it if ours is None (a pin folder on
+    bpffs), else just the entries named in ours, and the folder if that empties it. A folder that
+    exists already is left alone, now and at undo."""
+    owner = f" owned by {uid}:{gid}" if uid != -1 else (f" group {gid}" if gid != -1 else "")
+    return Step(what or f"create folder {path}",
+                Call("mkdir", (path, mode, uid, gid), f"mkdir -m {mode:o} {path}{owner}"),
+                undo=Call("rmdir", (path, ours), f"remove {path}"),
+                done=lambda: os.path.isdir(path))
+
+
+def _has_clsact(dev: str, ns: str | None = None) -> bool:
+    return any(q.get("kind") == "clsact" for q in run_json(in_netns(ns, ["tc", "-j", "qdisc", "show", "dev", dev])))
+
+
+def steering_load_steps(pins: str, trunk: str, ns: str | None = None) -> list[Step]:
+    """Pins the steering programs and maps under pins/, and a clsact qdisc on the trunk."""
+    where = f"{ns}/{trunk}" if ns else trunk
+    return [
+        mkdir_step(pins, 0o700, what=f"create pin folder {pins}"),
+        Step("load the steering programs and maps", loadall_argv(STEER_OBJ, pins)),
+        Step(f"add clsact qdisc on {where}", in_netns(ns, ["tc", "qdisc", "add", "dev", trunk, "clsact"]),
+             undo=in_netns(ns, ["tc", "qdisc", "del", "dev", trunk, "clsact"]),
+             done=lambda: _has_clsact(trunk, ns)),
+    ]
+
+
+def trunk_attach_step(pins: str, trunk: str, ns: str | None = None) -> Step:
+    where = f"{ns}/{trunk}" if ns else trunk
+    return Step(f"attach trunk_ingress to {where} ingress",
+                in_netns(ns, ["tc", "filter", "add", "dev", trunk, "ingress", "pref", str(TRUNK_PREF), "handle",
+                              "1", "bpf", "direct-action", "object-pinned", f"{pins}/prog/trunk_ingress"]),
+                undo=in_netns(ns, ["tc", "filter", "del", "dev", trunk, "ingress", "pref", str(TRUNK_PREF)]))
+
+
+def _ifindex(name: str, ns: str | None) -> int:
+    return nsutil.in_netns(ns, socket.if_nametoindex, name)
+
+
+@action("steer_ports")
+def _steer_ports(pins: str, ports: list, trunk: str, ns: str | None = None) -> None:
+    """ports: [[vid, port name], ...]; each VLAN to its port and back, in ns (None: here)."""
+    trunk_index = _ifindex(trunk, ns)
+    for vid, port in ports:
+        steering.set_port(pins, vid, _ifindex(port, ns), trunk_index)
+
+
+def steer_ports_step(pins: str, ports: list[tuple[int, str]], trunk: str, ns: str | None = None) -> Step:
+    where = f"nsenter --net=/run/netns/{ns} " if ns else ""
+    shown = "\n".join(f"# bpf(2) {pins}/maps: vlan_ports[{vid}] = ifindex({port}); port_vlans[ifindex({port})] = "
+                      f"{{{vid}, ifindex({trunk})}}" for vid, port in ports)
+    return Step(f"steer VLANs {', '.join(str(v) for v, _ in ports[:6])}{' ...' if len(ports) > 6 else ''} "
+                f"to their ports{' in ' + ns if ns else ''}",
+                Call("steer_ports", (pins, [list(p) for p in ports], trunk, ns), where + shown if ns else shown))
+
+
+def port_attach_batch(pins: str, ports: list[str]) -> str:
+    """tc batch: port_ingress on each port (tags its frames, sends them to the trunk)."""
+    lines = []
+    for port in ports:
+        lines += [f"qdisc add dev {port} clsact",
+                  f"filter add dev {port} ingress pref {PORT_PREF} handle 1 bpf direct-action object-pinned "
+                  f"{pins}/prog/port_ingress"]
+    return "\n".join(lines) + "\n"
+
+
+# -- the instance ----------------------------------------------------------------------------------
+def _mounted_bpffs() -> bool:
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == "/sys/fs/bpf" and line.split()[2] == "bpf" for line in f)
+
+
+def proxied(cfg: Config) -> list[Graph]:
+    return [g for g in cfg.graphs if g.proxy.enabled]
+
+
+def host_steps(cfg: Config, info: HostInfo) -> list[Step]:
+    n = instance_names(cfg)
+    steps = [
+        Step("mount bpffs at /sys/fs/bpf", ["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], done=_mounted_bpffs),
+        mkdir_step(cfg.host.bpf_dir, 0o700, ours=[], what=f"create {cfg.host.bpf_dir}"),
+        mkdir_step(n.pins, 0o700, what=f"create pin folder {n.pins}"),
+        *steering_load_steps(n.steer_pins, cfg.host.nic),
+    ]
+    if proxied(cfg):
+        steps += [mkdir_step(n.flow_pins, 0o700, what=f"create pin folder {n.flow_pins}"),
+                  Step("load the flow program and maps (interception, bypass, fail-open)",
+                       loadall_argv(FLOW_OBJ, n.flow_pins))]
+    steps += [
+        mkdir_step(n.dir, 0o750, gid=info.proxy_gid, ours=INSTANCE_FILES, what=f"create run folder {n.dir}"),
+        mkdir_step(n.proxy_dir, 0o750, uid=info.proxy_uid, gid=info.proxy_gid, ours=PROXY_FILES,
+                   what=f"create the proxy's folder {n.proxy_dir}"),
+        *tuning_steps(cfg, info),
+    ]
+    return steps
+
+
+# What the instance's folders may hold: the undo removes these and nothing else.
+INSTANCE_FILES = ["haproxy.cfg", "haproxy.cfg.new", "*.tmp", "*.nft", "*.bypass.rules", "keeper.pid", "keeper.log"]
+PROXY_FILES = ["haproxy.sock", "haproxy.log", "supervisor.pid", "supervisor.json", "supervisor.log", "*.tmp"]
+
+
+def _onlink(side: Side, net) -> bool:
+    return any(net.subnet_of(a.network) for a in side.addresses if a.version == net.version)
+
+
+def _gateway(side: Side, version: int):
+    return next((gw for gw in side.gateways if gw.version == version), None)
+
+
+def route_lines(cfg: Config, g: Graph) -> list[str]:
+    """Addresses without kernel prefix routes, then one route per prefix with its side's congctl
+    and initial congestion window (both route metrics: every connection on that side takes them)."""
+    lines, errors = [], []
+    for side_name, side, dev in (("access", g.access, C_IN), ("origin", g.origin, S_IN)):
+        for addr in side.addresses:
+            lines.append(f"addr add {addr} dev {dev} noprefixroute" + (" nodad" if addr.version == 6 else ""))
+        for i, net in enumerate(side.prefixes):
+            if _onlink(side, net):
+                src = next(a.ip for a in side.addresses if a.version == net.version and net.subnet_of(a.network))
+                via = f"dev {dev} scope link src {src}"
+            else:
+                gw = _gateway(side, net.version)
+                if gw is None:
+                    errors.append(FieldError(cfg.path, f"graph[{g.index}].{side_name}.prefixes[{i}]", str(net),
+                                             f"not on-link and no IPv{net.version} gateway on the {side_name} "
+                                             f"side; add one to graph[{g.index}].{side_name}.gateways"))
+                    continue
+                via = f"via {gw} dev {dev}"
+            window = f" initcwnd {side.initcwnd}" if side.initcwnd else ""
+            lines.append(f"route replace {net} {via} proto static congctl {side.congctl}{window}")
+    if errors:
+        raise ConfigError(errors)
+    return lines
+
+
+def _port_arg(lo: int, hi: int) -> str:
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def interception_lines(g: Graph, family: int) -> list[str]:
+    """Policy rules and the local table that deliver intercepted packets to local sockets.
+    `ip rule` takes its family from the command line only: the IPv6 lines run in `ip -6 -batch`."""
+    if not g.proxy.enabled:
+        return []
+    default = "0.0.0.0/0" if family == 4 else "::/0"
+    lines = [f"route replace local {default} dev lo table {LOCAL_TABLE}"]
+    if g.proxy.interception in ("bpf", "nft"):
+        # The mark is set by flow_ingress (bpf) or by the nft table (nft) on packets for local sockets.
+        return lines + [f"rule add pref {RULE_PREF} fwmark {flow_maps.LOCAL_MARK} lookup {LOCAL_TABLE}"]
+    # route: the intercepted ports from the access side, and the origin's replies from those ports.
+    for lo, hi in g.proxy.ports or ():
+        p = _port_arg(lo, hi)
+        lines += [f"rule add pref {RULE_PREF} iif {C_IN} ipproto tcp dport {p} lookup {LOCAL_TABLE}",
+                  f"rule add pref {RULE_PREF} iif {S_IN} ipproto tcp sport {p} lookup {LOCAL_TABLE}"]
+    return lines
+
+
+def graph_batch(cfg: Config, g: Graph, n: GraphNames) -> str:
+    """`ip -n NS -batch`: the graph's two links (host ends created in pepctl's own namespace,
+    given by its PID), loopback, addresses, routes, and the IPv4 interception rules."""
+    pid = os.getpid()
+    lines = [f"# netns {pid}: this pepctl's own process, i.e. the host's namespace",
+             f"link add {C_IN} index {n.c_in_ifindex} type veth peer name {n.c_out} netns {pid}",
+             f"link add {S_IN} index {n.s_in_ifindex} type veth peer name {n.s_out} netns {pid}",
+             "link set lo up", f"link set {C_IN} up", f"link set {S_IN} up",
+             *route_lines(cfg, g), *interception_lines(g, 4)]
+    return "\n".join(lines) + "\n"
+
+
+def flow_flags(g: Graph) -> tuple[int, int]:
+    """graph_config of a proxied graph: (flags, listen_port), tc/pep_flow.h."""
+    p = g.proxy
+    flags = flow_maps.GRAPH_F_ENABLED
+    if p.interception == "bpf":
+        flags |= flow_maps.GRAPH_F_ASSIGN
+    if p.ports is None:
+        flags |= flow_maps.GRAPH_F_ALL_PORTS
+    if p.interception in ("bpf", "nft"):
+        # route mode cannot tell an origin's new flow from a reply by port: access side only.
+        flags |= flow_maps.GRAPH_F_ORIGIN_SYNS
+    return flags, (p.listen_port if p.interception in ("bpf", "nft") else 0)
+
+
+@action("flow_graph")
+def _flow_graph(pins: str, slot: int, flags: int, listen_port: int, addrs: list, ports: list) -> None:
+    flow_maps.set_graph(pins, slot, flags, listen_port, addrs, [tuple(r) for r in ports])
+
+
+def flow_graph_step(cfg: Config, g: Graph, n: GraphNames) -> Step:
+    pins = instance_names(cfg).flow_pins
+    flags, listen = flow_flags(g)
+    addrs = [str(a.ip) for s in (g.access, g.origin) for a in s.addresses]
+    ports = [list(r) for r in g.proxy.ports or ()]
+    shown = (f"# bpf(2) {pins}/maps: graphs[{n.slot}] = {{flags {flags:#x}, listen_port {listen}}}; "
+             f"graph_addrs += {addrs}; intercept_ports += {ports or 'none (all ports)'}")
+    return Step(f"register graph {g.name} (slot {n.slot}) in the flow maps",
+                Call("flow_graph", (pins, n.slot, flags, listen, addrs, ports), shown))
+
+
+def flow_attach_batch(pins: str) -> str:
+    lines = []
+    for dev in (C_IN, S_IN):
+        lines += [f"qdisc add dev {dev} clsact",
+                  f"filter add dev {dev} ingress pref {FLOW_PREF} handle 1 bpf direct-action object-pinned "
+                  f"{pins}/prog/flow_ingress"]
+    return "\n".join(lines) + "\n"
+
+
+def graph_steps(cfg: Config, g: Graph) -> list[Step]:
+    """The graph's namespace: links, addresses, routes, sysctls."""
+    n = graph_names(cfg, g)
+    return [Step(f"links, addresses and routes of graph {g.name} in {n.netns}", ["ip", "-n", n.netns, "-batch", "-"],
+                 input=graph_batch(cfg, g, n)),
+            Step(f"sysctls of {n.netns}", nsutil.sysctls_step_call(n.netns, NETNS_SYSCTLS))]
+
+
+def graph_proxy_steps(cfg: Config, g: Graph) -> list[Step]:
+    """A proxied graph's interception: policy rules, nft table (mode nft), its flow map entries
+    and bypass rules, and flow_ingress on both links."""
     n = graph_names(cfg, g)
     ns = n.netns
-    nic = cfg.host.nic
-    steps = [
-        Step(f"create namespace {ns}", ["ip", "netns", "add", ns], undo=["ip", "netns", "del", ns]),
-        Step(f"create run folder {n.dir}", ["mkdir", "-p", n.dir]),
-    ]
-    for out, inn, vid in ((n.c_out, C_IN, g.access.vlan), (n.s_out, S_IN, g.origin.vlan)):
-        steps += [
-            Step(f"create veth {out} <-> {ns}/{inn}",
-                 ["ip", "link", "add", out, "type", "veth", "peer", "name", inn, "netns", ns],
-                 undo=["ip", "link", "del", out]),
-            # The host side of a port carries only redirected frames: no addresses of its own.
-            Step(f"no IPv6 on {out}", ["sysctl", "-q", "-w", f"net.ipv6.conf.{out}.disable_ipv6=1"]),
-            Step(f"bring up {out}", ["ip", "link", "set", out, "up"]),
-            Step(f"bring up {ns}/{inn}", ["ip", "-n", ns, "link", "set", inn, "up"]),
-            *steering_port_steps(pin_dir(cfg), out, vid, nic),
-        ]
-    steps.append(Step(f"bring up {ns}/lo", ["ip", "-n", ns, "link", "set", "lo", "up"]))
-    steps += [_sysctl(ns, k, v) for k, v in NETNS_SYSCTLS]
-    steps += route_steps(cfg, g, n)
-    if g.proxy.enabled:
-        from .proxy_plan import proxy_steps  # the proxy half lives with its renderers
-        steps += proxy_steps(cfg, g, n, info)
+    inst = instance_names(cfg)
+    steps = []
+    steps.append(Step(f"IPv6 interception rules of graph {g.name}", ["ip", "-n", ns, "-6", "-batch", "-"],
+                      input="\n".join(interception_lines(g, 6)) + "\n"))
+    if g.proxy.interception == "nft":
+        steps += [Step(f"write nftables interception table of graph {g.name}",
+                       Call("write", (n.nft_file, render_nft(g, table=n.nft_table, mark=flow_maps.LOCAL_MARK)),
+                            f"cat > {n.nft_file} <<'EOF'\n"
+                            f"{render_nft(g, table=n.nft_table, mark=flow_maps.LOCAL_MARK).rstrip()}\nEOF")),
+                  Step(f"load nftables table {n.nft_table} in {ns}", in_netns(ns, ["nft", "-f", n.nft_file]))]
+    steps += [flow_graph_step(cfg, g, n),
+              bypass.install_step(cfg, g),
+              Step(f"attach flow_ingress to c_in and s_in of {ns}", in_netns(ns, ["tc", "-batch", "-"]),
+                   input=flow_attach_batch(inst.flow_pins))]
     return steps
+
+
+def namespaces_step(cfg: Config) -> Step:
+    """Every graph's namespace in one `ip -batch`; the undo removes them with their links."""
+    make, remove = [], []
+    for g in cfg.graphs:
+        n = graph_names(cfg, g)
+        make.append(f"netns add {n.netns}")
+        remove += [f"link del {n.c_out}", f"link del {n.s_out}", f"netns del {n.netns}"]
+    return Step(f"create {len(cfg.graphs)} graph namespace(s)", ["ip", "-batch", "-"], input="\n".join(make) + "\n",
+                undo=["ip", "-force", "-batch", "-"], undo_input="\n".join(remove) + "\n")
+
+
+def ports_up_step(cfg: Config) -> Step:
+    """The host ends carry only redirected frames: no IPv6 address of their own, then up."""
+    lines = []
+    for g in cfg.graphs:
+        n = graph_names(cfg, g)
+        for port in (n.c_out, n.s_out):
+            lines += [f"link set {port} addrgenmode none", f"link set {port} up"]
+    return Step("bring up the host ends of every graph", ["ip", "-batch", "-"], input="\n".join(lines) + "\n")
+
+
+def haproxy_steps(cfg: Config, info: HostInfo) -> list[Step]:
+    n = instance_names(cfg)
+    text = haproxy_config(cfg, info)
+    how = service.backend(cfg.host.supervisor)
+    start, stop = service.start_call(n, how)
+    return [
+        Step(f"write {n.haproxy_cfg}", Call("write", (n.haproxy_cfg, text, 0o640, info.proxy_gid),
+                                            f"cat > {n.haproxy_cfg} <<'EOF'\n{text.rstrip()}\nEOF")),
+        Step(f"check {n.haproxy_cfg}", ["haproxy", "-c", "-q", "-f", n.haproxy_cfg]),
+        Step(f"start the proxy supervisor ({'systemd' if how == 'systemd' else 'pepctl keeper'}), "
+             "which starts HAProxy", start, undo=stop),
+    ]
+
+
+def haproxy_config(cfg: Config, info: HostInfo) -> str:
+    n = instance_names(cfg)
+    graphs = proxied(cfg)
+    cpus = list(info.cpus)
+    if cfg.host.threads:
+        cpus = [cpus[i % len(cpus)] for i in range(cfg.host.threads)]
+    total = cfg.host.maxconn or maxconn_for(info.nofile, len(graphs))
+    metrics = None
+    if cfg.host.metrics_port:
+        addr = cfg.host.metrics_address
+        metrics = f"[{addr}]:{cfg.host.metrics_port}" if ":" in addr else f"{addr}:{cfg.host.metrics_port}"
+    proxies = []
+    for g in graphs:
+        p = g.proxy
+        ports = (str(p.listen_port),) if p.interception in ("bpf", "nft") else \
+            tuple(_port_arg(lo, hi) for lo, hi in p.ports or ())
+        proxies.append(GraphProxy(name=graph_names(cfg, g).proxy, netns=graph_names(cfg, g).netns, ports=ports,
+                                  mode=p.mode, splice=p.splice, maxconn=min(p.maxconn or total, total),
+                                  log_connections=p.log_connections))
+    return render(Process(title=f"instance {cfg.host.instance}", cpus=tuple(cpus), maxconn=total,
+                          stats_socket=n.haproxy_sock, metrics=metrics), proxies)
 
 
 def build(cfg: Config, info: HostInfo) -> list[Step]:
-    if not info.nic_exists:
-        raise ConfigError([FieldError(cfg.path, "host.nic", cfg.host.nic,
-                                      "no such network interface in this namespace; check `ip link`")])
-    bad_cc = sorted({s.congctl for g in cfg.graphs for s in (g.access, g.origin)} - info.available_cc)
-    if bad_cc and info.available_cc:
-        raise ConfigError([FieldError(cfg.path, "graph[].access/origin.congctl", ",".join(bad_cc),
-                                      f"this kernel offers {' '.join(sorted(info.available_cc))}")])
+    n = instance_names(cfg)
     steps = host_steps(cfg, info)
+    steps.append(namespaces_step(cfg))
     for g in cfg.graphs:
-        steps += graph_steps(cfg, g, info)
-    steps.append(trunk_attach_step(pin_dir(cfg), cfg.host.nic))
+        steps += graph_steps(cfg, g)
+    steps.append(ports_up_step(cfg))
+    ports = [(v, p) for g in cfg.graphs for v, p in ((g.access.vlan, graph_names(cfg, g).c_out),
+                                                      (g.origin.vlan, graph_names(cfg, g).s_out))]
+    steps.append(steer_ports_step(n.steer_pins, ports, cfg.host.nic))
+    steps.append(Step("attach port_ingress to the host end of every graph", ["tc", "-batch", "-"],
+                      input=port_attach_batch(n.steer_pins, [p for _, p in ports])))
+    for g in proxied(cfg):
+        steps += graph_proxy_steps(cfg, g)
+    if proxied(cfg):
+        steps += haproxy_steps(cfg, info)
+    steps.append(trunk_attach_step(n.steer_pins, cfg.host.nic))
     return steps
-

@@ -1,13 +1,12 @@
-"""`pepctl reload`: apply a changed proxy config without dropping a connection.
+"""`pepctl reload`: apply a changed config without dropping a connection.
 
-What may change live is each graph's [graph.proxy] section (splice, mode,
-threads, maxconn, logging, metrics, and the intercepted ports in nft mode).
-The nft table is replaced in one transaction; HAProxy is reloaded through
-its master (SIGUSR2): the new worker takes the listening sockets over from
-the old one (`expose-fd listeners`), and the old worker finishes the
-connections it holds. Anything structural (VLANs, addresses, graphs,
-interception mode) needs `down` then `up`, and reload says so, changing
-nothing.
+What may change live: each graph's [graph.proxy] settings (splice, mode, maxconn, logging, the
+intercepted ports, listen_port in modes bpf and nft) and [graph.bypass], and HAProxy's own
+[host] settings (threads, maxconn, metrics). The flow maps and the nft tables are updated in
+place; HAProxy gets its new config through its supervisor, which starts a new HAProxy that
+takes the listening sockets over and lets the old one finish its connections: no connection
+of any graph is touched, changed or not. Anything structural (VLANs, addresses, graphs,
+interception mode, NIC, folders) needs `down` then `up`; reload says so and changes nothing.
 """
 
 from __future__ import annotations
@@ -17,25 +16,26 @@ import os
 import signal
 import sys
 
+from . import bypass, flow_maps, service
 from . import config as configmod
-from . import haproxy_sock
 from .config import Config, ConfigError, FieldError
 from .hostinfo import HostInfo
-from .plan import graph_names
-from .proxy_plan import haproxy_config
+from .names import graph_names, in_netns, instance_names
+from .plan import flow_flags, haproxy_config
 from .render_nft import render_nft
-from .runner import Journal, StepError, run, wait_for
-from .status import read_pid
+from .runner import Journal, StepError, read_pid, run, wait_for, write_file
 
-LIVE_FIELDS = {"splice", "mode", "threads", "maxconn", "log_connections", "metrics_port", "ports",
-               "listen_port"}
+LIVE_PROXY = {"splice", "mode", "maxconn", "log_connections", "ports", "listen_port"}
+LIVE_HOST = {"threads", "maxconn", "metrics_address", "metrics_port"}
 
 
 def structural_changes(old: Config, new: Config) -> list[FieldError]:
     """Differences reload cannot apply live, each named by its field."""
     found = []
-    if old.host != new.host:
-        found.append(FieldError(new.path, "host", "", "the [host] section changed"))
+    for f in dataclasses.fields(new.host):
+        before, after = getattr(old.host, f.name), getattr(new.host, f.name)
+        if before != after and f.name not in LIVE_HOST:
+            found.append(FieldError(new.path, f"host.{f.name}", str(after), f"was {before}; cannot change live"))
     if [g.name for g in old.graphs] != [g.name for g in new.graphs]:
         found.append(FieldError(new.path, "graph[].name", ", ".join(g.name for g in new.graphs),
                                 "graphs were added, removed or renamed"))
@@ -46,74 +46,66 @@ def structural_changes(old: Config, new: Config) -> list[FieldError]:
                 found.append(FieldError(new.path, f"graph[{n.index}].{side}", "", "changed"))
         for f in dataclasses.fields(n.proxy):
             before, after = getattr(o.proxy, f.name), getattr(n.proxy, f.name)
-            if before != after and (f.name not in LIVE_FIELDS or
-                                    (f.name in ("ports", "listen_port") and n.proxy.interception == "route")):
+            if before != after and (f.name not in LIVE_PROXY or
+                                    (f.name == "ports" and n.proxy.interception == "route")):
                 found.append(FieldError(new.path, f"graph[{n.index}].proxy.{f.name}", str(after),
                                         f"was {before}; cannot change live"))
     return found
 
 
-def _write(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def reload(cfg: Config, info: HostInfo, journal: Journal, digest: str, out) -> int:
-    if not (journal.exists and journal.data.get("complete")):
+def reload(cfg: Config, info: HostInfo, journal: Journal, config_text: str, digest: str, out) -> int:
+    n = instance_names(cfg)
+    if not (journal.exists and journal.complete):
         print(f"pepctl reload: instance {cfg.host.instance} is not up; run `pepctl up`", file=sys.stderr)
         return 1
-    old = configmod.parse(journal.data["meta"]["config_text"], journal.data["meta"]["config"])
+    old = configmod.parse(journal.meta["config_text"], journal.meta["config"])
     problems = structural_changes(old, cfg)
     if problems:
         raise ConfigError(problems + [FieldError(cfg.path, "(reload)", "",
                                                  "these need `pepctl down` then `pepctl up`; nothing was changed")])
-    for g in cfg.graphs:
-        if not g.proxy.enabled:
-            continue
-        n = graph_names(cfg, g)
-        text = haproxy_config(cfg, g, n, info)
-        _write(n.haproxy_cfg + ".new", text)
+    proxied = [g for g in cfg.graphs if g.proxy.enabled]
+    if proxied:
+        text = haproxy_config(cfg, info)
+        write_file(n.haproxy_cfg + ".new", text, 0o640, info.proxy_gid)
         check = run(["haproxy", "-c", "-q", "-f", n.haproxy_cfg + ".new"], check=False)
         if check.returncode != 0:
             os.unlink(n.haproxy_cfg + ".new")
-            print(f"pepctl reload: the new HAProxy config of graph {g.name} is invalid: {check.stderr.strip()}",
+            print(f"pepctl reload: the new HAProxy config is invalid: {check.stderr.strip()}; nothing was changed",
                   file=sys.stderr)
             return 1
-    for g in cfg.graphs:
+    for g, o in zip(cfg.graphs, old.graphs, strict=True):
         if not g.proxy.enabled:
             continue
-        n = graph_names(cfg, g)
+        gn = graph_names(cfg, g)
         if g.proxy.interception == "nft":
-            _write(n.nft_file, render_nft(g, table=n.nft_table))
-            run(["ip", "netns", "exec", n.netns, "nft", "-f", n.nft_file])
+            write_file(gn.nft_file, render_nft(g, table=gn.nft_table, mark=flow_maps.LOCAL_MARK))
+            run(in_netns(gn.netns, ["nft", "-f", gn.nft_file]))
+        flags, listen = flow_flags(g)
+        # New ports first, then the flags: a port is never left neither intercepted nor routed.
+        flow_maps.set_intercept_ports(n.flow_pins, gn.slot, o.proxy.ports or (), g.proxy.ports or ())
+        flow_maps.set_flags(n.flow_pins, gn.slot, flags, listen)
+        added, removed = bypass.sync(cfg, g, bypass.config_rules(o.bypass))
+        print(f"  graph {g.name}: flow maps updated; {added} bypass rule(s) installed, {removed} removed", file=out)
+    if proxied:
         os.replace(n.haproxy_cfg + ".new", n.haproxy_cfg)
-        reload_haproxy(n)
-        print(f"  graph {g.name}: HAProxy reloaded", file=out)
-    from .bypass import config_rules, sync
-    for g, o in zip(cfg.graphs, old.graphs, strict=True):
-        if g.proxy.enabled:
-            added, removed = sync(cfg, g, config_rules(o.bypass))
-            print(f"  graph {g.name}: {added} bypass rule(s) installed, {removed} removed", file=out)
-    with open(cfg.path) as f:
-        journal.data["meta"].update(config_sha256=digest, config_text=f.read())
-    journal.save()
+        detail = reload_haproxy(n)
+        print(f"  HAProxy reloaded: {detail}", file=out)
+    journal.update_meta(config_sha256=digest, config_text=config_text)
     print(f"instance {cfg.host.instance} reloaded", file=out)
     return 0
 
 
-def reload_haproxy(n) -> None:
-    """SIGUSR2 to the master; done when a new worker answers on the stats socket."""
-    master = read_pid(n.haproxy_pid)
-    if master is None:
-        raise StepError(f"no HAProxy master pid in {n.haproxy_pid}")
-    old_worker = haproxy_sock.info(n.haproxy_sock).get("Pid")
-    os.kill(master, signal.SIGUSR2)
-
-    def new_worker() -> bool:
-        try:
-            return haproxy_sock.info(n.haproxy_sock).get("Pid") not in (None, old_worker)
-        except OSError:
-            return False
-    wait_for(new_worker, timeout=15, what=f"a new HAProxy worker in {n.netns}")
+def reload_haproxy(n, timeout: float = 60) -> str:
+    """SIGHUP to the supervisor; done when its state reports the reload it made."""
+    pid = read_pid(n.supervisor_pid)
+    if not (pid and service.processes(n)["supervisor"]["running"]):
+        raise StepError(f"the proxy supervisor is not running (no live pid in {n.supervisor_pid}); "
+                        "`pepctl status` shows why; `pepctl down` then `pepctl up` restarts everything")
+    before = service.processes(n)["generation"]
+    os.kill(pid, signal.SIGHUP)
+    wait_for(lambda: service.processes(n)["generation"] > before, timeout=timeout,
+             what="the supervisor to report the reload")
+    last = service.processes(n)["last_reload"]
+    if not last["ok"]:
+        raise StepError(f"HAProxy reload failed: {last['detail']}; the old HAProxy keeps running")
+    return last["detail"]

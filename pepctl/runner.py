@@ -1,13 +1,18 @@
 """Plans as data, and the machinery that applies and undoes them.
 
-A plan is a list of Steps. Each step is one real command (argv) plus the
-command that undoes it. `plan` prints the commands; `up` runs them in order
-and journals each undo *after* its step succeeded (so a failure rolls back
-exactly what was made); `down` runs the journal backwards.
+A plan is a list of Steps. A step is one real command (argv, with its stdin for the batch
+forms `ip -batch -` and `tc -batch -`) or one in-process action (a Call: a bpf(2) map write,
+a sysctl, a file), plus what undoes it. `plan` prints them; `up` runs them in order; `down`
+runs the undos backwards.
 
-Some values are only known while applying (the ifindex of a link created two
-steps earlier); such arguments are Deferred objects that print as
-`<what>` in the plan and resolve at run time.
+Every undo is in the journal *before* its step runs, so a `up` killed at any point (even
+between starting a process and recording its PID) leaves a journal that `down` completes.
+Undos therefore tolerate "already gone". A step whose `done` says it is already in place is
+skipped and owns no undo: what existed before is never removed. Names are checked free by the
+plan before the first step (pepctl/checks.py), so an undo only ever removes what this run made.
+
+In-process actions are registered by name (`@action("name")`), so a journal written by one
+pepctl process can be undone by another.
 """
 
 from __future__ import annotations
@@ -23,51 +28,60 @@ from dataclasses import dataclass, field
 
 
 class StepError(RuntimeError):
-    """A step's command failed; says which step, the command and its stderr."""
+    """A step failed; says which step, the command and its stderr."""
+
+
+ACTIONS: dict[str, Callable] = {}
+
+
+def action(name: str):
+    """Registers an in-process action that journals can name."""
+    def register(fn):
+        ACTIONS[name] = fn
+        return fn
+    return register
 
 
 @dataclass(frozen=True)
-class Deferred:
-    """An argument resolved at run time, shown as <label> in a plan."""
+class Call:
+    """An in-process action: ACTIONS[name](*args). args must be JSON; show is what the plan prints."""
 
-    label: str
-    resolve: Callable[[], list[str]]
+    name: str
+    args: tuple
+    show: str
 
-
-Arg = str | Deferred
+    def as_json(self) -> dict:
+        return {"call": self.name, "args": list(self.args), "show": self.show}
 
 
 @dataclass
 class Step:
-    what: str                               # "create namespace pl1-pep"
-    argv: list[Arg]                         # the command
-    undo: list[str] | None = None           # the command that reverses it
-    done: Callable[[], bool] | None = None  # True: already in place, skip (and own no undo)
-    background: dict | None = None          # start as a daemon: {"pidfile", "logfile", "ready"}
+    what: str                                   # "create namespace pl1-pep"
+    run: list[str] | Call                       # the command, or an in-process action
+    undo: list[str] | Call | None = None        # what reverses it (tolerates "already gone")
+    input: str | None = None                    # stdin of the command (batch forms)
+    undo_input: str | None = None
+    done: Callable[[], bool] | None = None      # True: already in place: skip, and own no undo
     tolerate: tuple[str, ...] = field(default_factory=tuple)  # stderr texts meaning "already so"
 
     def render(self) -> str:
-        if self.argv and self.argv[0] == "@note":
-            return f"# notice: {self.argv[1]}"
-        if self.argv and self.argv[0] == "@write":
-            return f"cat > {self.argv[1]} <<'EOF'\n{self.argv[2].rstrip()}\nEOF"
-        words = [a if isinstance(a, str) else f"<{a.label}>" for a in self.argv]
-        line = shlex.join(words) if all(isinstance(a, str) for a in self.argv) else " ".join(
-            shlex.quote(w) if not w.startswith("<") else w for w in words)
-        if self.background:
-            line += f" >{self.background['logfile']} 2>&1 &  # pid -> {self.background['pidfile']}"
+        if isinstance(self.run, Call):
+            return self.run.show
+        line = shlex.join(self.run)
+        if self.input is not None:
+            line += f" <<'EOF'\n{self.input.rstrip()}\nEOF"
         return line
 
-
-def resolve(argv: list[Arg]) -> list[str]:
-    out: list[str] = []
-    for a in argv:
-        out.extend([a] if isinstance(a, str) else a.resolve())
-    return out
+    def undo_entry(self) -> dict | None:
+        if self.undo is None:
+            return None
+        if isinstance(self.undo, Call):
+            return {"what": self.what, **self.undo.as_json()}
+        return {"what": self.what, "argv": self.undo, "input": self.undo_input}
 
 
 def run(argv: list[str], *, check: bool = True, input: str | None = None,
-        timeout: float = 60) -> subprocess.CompletedProcess:
+        timeout: float = 120) -> subprocess.CompletedProcess:
     """Run a command, capturing output; on failure raise StepError naming it."""
     proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
@@ -81,6 +95,7 @@ def run_json(argv: list[str]):
     return json.loads(out) if out else []
 
 
+# -- processes ------------------------------------------------------------------------------------
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -96,11 +111,14 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def stop_pid(pid: int, *, grace: float = 5.0) -> None:
-    """SIGTERM a recorded PID, wait up to `grace` seconds, then SIGKILL."""
+def stop_pid(pid: int, *, grace: float = 5.0, sig: int = signal.SIGTERM) -> None:
+    """Signal a recorded PID (SIGTERM), wait up to `grace` seconds, then SIGKILL."""
     if not pid_alive(pid):
         return
-    os.kill(pid, signal.SIGTERM)
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         try:
@@ -111,16 +129,24 @@ def stop_pid(pid: int, *, grace: float = 5.0) -> None:
         if not pid_alive(pid):
             return
         time.sleep(0.02)
-    os.kill(pid, signal.SIGKILL)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def read_pid(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def stop_pidfile(path: str, *, grace: float = 5.0) -> None:
-    try:
-        with open(path) as f:
-            pid = int(f.read().split()[0])
-    except (FileNotFoundError, IndexError, ValueError):
-        return
-    stop_pid(pid, grace=grace)
+    pid = read_pid(path)
+    if pid is not None:
+        stop_pid(pid, grace=grace)
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -138,29 +164,108 @@ def wait_for(cond: Callable[[], bool], *, timeout: float, what: str, interval: f
         time.sleep(interval)
 
 
-# An undo is either an argv, or ["@stop-pidfile", PATH], or ["@rm", PATH...].
-def _run_undo(undo: list[str]) -> str | None:
-    """Run one undo; return an error text, or None. "Already gone" is success."""
-    if undo[0] == "@stop-pidfile":
-        stop_pidfile(undo[1])
+def note(what: str, text: str) -> Step:
+    """A notice in the plan and in `up`'s output (a tuning step this host cannot take): runs nothing."""
+    return Step(what, Call("note", (text,), f"# notice: {text}"))
+
+
+@action("stop_pidfile")
+def _stop_pidfile(path: str) -> None:
+    stop_pidfile(path)
+
+
+@action("start_daemon")
+def start_daemon(argv: list[str], pidfile: str, logfile: str, ready: Callable[[], bool], timeout: float = 15) -> None:
+    """Starts argv in its own session, its PID in pidfile, output in logfile; waits for ready().
+    (A run-only action: its arguments are never journaled, so ready may be any callable.)"""
+    with open(logfile, "ab") as logf:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
+    with open(pidfile, "w") as f:
+        f.write(f"{proc.pid}\n")
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            with open(logfile, errors="replace") as f:
+                tail = f.read()[-2000:]
+            raise StepError(f"{argv[0]} exited with {proc.returncode}: {tail.strip()}")
+        return ready()
+
+    wait_for(up, timeout=timeout, what=f"{' '.join(argv[:4])} to be ready")
+
+
+def daemon_step(what: str, argv: list[str], pidfile: str, logfile: str, ready: Callable[[], bool],
+                timeout: float = 15) -> Step:
+    """A background process a plan starts: its undo (stop by the recorded PID) is journaled first."""
+    return Step(what, Call("start_daemon", (argv, pidfile, logfile, ready, timeout),
+                           f"{shlex.join(argv)} >{logfile} 2>&1 &   # pid -> {pidfile}"),
+                undo=Call("stop_pidfile", (pidfile,), f"stop the process of {pidfile}"))
+
+
+# -- files ----------------------------------------------------------------------------------------
+def write_file(path: str, content: str, mode: int = 0o644, gid: int | None = None) -> None:
+    """Writes a whole file by rename: a reader sees the old one or the new one."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(content)
+    if gid is not None:
+        os.chown(tmp, -1, gid)
+    os.replace(tmp, path)
+
+
+@action("write")
+def _write(path: str, content: str, mode: int = 0o644, gid: int | None = None) -> None:
+    write_file(path, content, mode, gid)
+
+
+@action("mkdir")
+def _mkdir(path: str, mode: int = 0o755, uid: int = -1, gid: int = -1) -> None:
+    os.mkdir(path, mode)
+    os.chmod(path, mode)          # not narrowed by the umask
+    if uid != -1 or gid != -1:
+        os.chown(path, uid, gid)
+
+
+@action("remove")
+def _remove(path: str) -> None:
+    """Removes a file this run wrote; gone already is fine."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+@action("rmdir")
+def remove_dir(path: str, ours: list[str] | None = None) -> str | None:
+    """Removes a folder this run made. On a bpffs (pins) everything in it is ours; elsewhere only
+    the entries named in `ours` (names or suffixes like "*.nft") are removed, then the folder if
+    it is empty. Anything else is left, with the folder, and named in the returned notice."""
+    if not os.path.lexists(path):
         return None
-    if undo[0] == "@rm":
-        for path in undo[1:]:
-            _rm_tree(path)
+    if ours == []:
+        # A parent folder that others may use too (bpf_dir): removed only when empty, silently.
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
         return None
-    proc = run(undo, check=False)
-    if proc.returncode == 0:
+    if ours is None:
+        _rm_tree(path)
         return None
-    err = (proc.stderr or proc.stdout).strip()
-    gone = ("No such file", "Cannot find device", "does not exist", "No such process",
-            "not found", "Invalid handle", "No such device", "Cannot find specified qdisc")
-    if any(g in err for g in gone):
-        return None
-    return f"{shlex.join(undo)}: {err}"
+    for name in os.listdir(path):
+        full = os.path.join(path, name)
+        if any(name == p or (p.startswith("*") and name.endswith(p[1:])) for p in ours):
+            if os.path.isdir(full) and not os.path.islink(full):
+                continue   # a folder of ours has its own undo
+            os.unlink(full)
+    left = sorted(os.listdir(path))
+    if left:
+        return f"left {path}: it holds files pepctl did not make ({', '.join(left[:5])})"
+    os.rmdir(path)
+    return None
 
 
 def _rm_tree(path: str) -> None:
-    """Remove a file or a directory tree (bpffs pins and run folders)."""
     if os.path.isdir(path) and not os.path.islink(path):
         for name in os.listdir(path):
             _rm_tree(os.path.join(path, name))
@@ -169,109 +274,175 @@ def _rm_tree(path: str) -> None:
         os.unlink(path)
 
 
+# -- the journal ----------------------------------------------------------------------------------
 class Journal:
-    """The undo list of what `up` made, kept on disk so `down` works from a new process."""
+    """What `up` made, kept on disk as JSON lines so `down` works from another process.
+
+    The first line is {"meta": {...}}; then one {"undo": {...}} per undo in the order the steps
+    ran; {"meta": {...}} lines update the meta; {"complete": true} says `up` finished. Appending
+    a line per step keeps a journal of thousands of steps cheap; a torn last line (a write cut by
+    a kill) is ignored, as the step it would have recorded never ran.
+    """
 
     def __init__(self, path: str):
         self.path = path
-        self.data: dict = {"complete": False, "undo": [], "meta": {}}
-        if os.path.exists(path):
+        self.meta: dict = {}
+        self.undo: list[dict] = []
+        self.complete = False
+        try:
             with open(path) as f:
-                self.data = json.load(f)
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            return
+        for line in lines:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if "meta" in entry:
+                self.meta.update(entry["meta"])
+            elif "undo" in entry:
+                self.undo.append(entry["undo"])
+            elif entry.get("complete"):
+                self.complete = True
 
     @property
     def exists(self) -> bool:
         return os.path.exists(self.path)
 
-    def save(self) -> None:
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.data, f, indent=1)
-        os.replace(tmp, self.path)
+    def _append(self, entry: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
 
-    def add_undo(self, what: str, undo: list[str]) -> None:
-        self.data["undo"].append({"what": what, "undo": undo})
-        self.save()
+    def start(self, meta: dict) -> None:
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        self.meta, self.undo, self.complete = dict(meta), [], False
+        self.rewrite()
+
+    def add_undo(self, entry: dict) -> None:
+        self.undo.append(entry)
+        self._append({"undo": entry})
+
+    def update_meta(self, **changes) -> None:
+        self.meta.update(changes)
+        self._append({"meta": changes})
+
+    def mark_complete(self) -> None:
+        self.complete = True
+        self._append({"complete": True})
+
+    def rewrite(self) -> None:
+        lines = [{"meta": self.meta}, *({"undo": u} for u in self.undo)]
+        if self.complete:
+            lines.append({"complete": True})
+        write_file(self.path, "".join(json.dumps(x) + "\n" for x in lines), 0o600)
+
+    def remove(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+# Errors that mean "already gone": an undo that finds nothing to undo succeeded.
+GONE = ("No such file", "Cannot find device", "does not exist", "No such process", "not found",
+        "Invalid handle", "No such device", "Cannot find specified qdisc", "Command failed",
+        "Cannot open network namespace")
+
+
+def _gone_only(err: str) -> bool:
+    lines = [x for x in err.splitlines() if x.strip()]
+    return bool(lines) and all(any(g in x for g in GONE) for x in lines)
+
+
+def run_undo(entry: dict) -> str | None:
+    """Run one journal undo; return an error text, or None. "Already gone" is success."""
+    if "call" in entry:
+        try:
+            ACTIONS[entry["call"]](*entry["args"])
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+        except (OSError, StepError, ValueError, KeyError) as e:
+            return f"{entry.get('show', entry['call'])}: {e}"
+        return None
+    proc = run(entry["argv"], check=False, input=entry.get("input"))
+    if proc.returncode == 0:
+        return None
+    err = (proc.stderr or proc.stdout).strip()
+    if _gone_only(err):
+        return None
+    return f"{shlex.join(entry['argv'])}: {err}"
+
+
+def _do(step: Step) -> None:
+    if isinstance(step.run, Call):
+        try:
+            ACTIONS[step.run.name](*step.run.args)
+        except (OSError, ValueError) as e:
+            raise StepError(f"{step.what}: {e}") from None
+        return
+    proc = run(step.run, check=False, input=step.input)
+    if proc.returncode != 0:
+        err = (proc.stderr or proc.stdout).strip()
+        if not any(t in err for t in step.tolerate):
+            raise StepError(f"{step.what}: {shlex.join(step.run)}: {err}")
 
 
 def apply(steps: list[Step], journal: Journal, *, log: Callable[[str], None] = print) -> int:
-    """Run steps in order, journaling undos; on failure undo everything and re-raise.
+    """Run steps in order, journaling each undo first; on failure undo everything and re-raise.
 
-    Returns how many steps changed something (0: all were already in place).
-    """
-    changed = 0
+    Returns how many steps ran (0: all were already in place)."""
+    ran = 0
     try:
         for step in steps:
             if step.done is not None and step.done():
                 continue
-            argv = resolve(step.argv)
-            if argv[0] == "@note":
-                log(f"  notice: {argv[1]}")
+            if isinstance(step.run, Call) and step.run.name == "note":
+                log(f"  notice: {step.run.args[0]}")
                 continue
-            if argv[0] == "@write":
-                _write_file(argv[1], argv[2])
-            elif step.background:
-                _start_background(step, argv)
-            else:
-                proc = run(argv, check=False)
-                if proc.returncode != 0:
-                    err = (proc.stderr or proc.stdout).strip()
-                    if not any(t in err for t in step.tolerate):
-                        raise StepError(f"{step.what}: {shlex.join(argv)}: {err}")
-            changed += 1
+            entry = step.undo_entry()
+            if entry is not None:
+                journal.add_undo(entry)
+            _do(step)
+            ran += 1
             log(f"  {step.what}")
-            if step.undo:
-                journal.add_undo(step.what, step.undo)
     except BaseException:
         log("failed: rolling back what was made")
-        errors = undo_all(journal, log=log)
-        for e in errors:
+        for e in undo_all(journal, log=log):
             log(f"  rollback: {e}")
         raise
-    return changed
+    return ran
 
 
 def undo_all(journal: Journal, *, log: Callable[[str], None] = print) -> list[str]:
-    """Run the journal's undos newest first; keep going past errors, return them."""
-    errors = []
-    while journal.data["undo"]:
-        entry = journal.data["undo"].pop()
-        err = _run_undo(entry["undo"])
+    """Run the journal's undos newest first; keep going past errors and return them. An undo that
+    failed stays in the journal, so running `down` again retries it. Notices (a folder left
+    because it holds files that are not ours) are logged, not errors."""
+    errors, failed = [], []
+    done = 0
+    while journal.undo:
+        entry = journal.undo.pop()
+        notice = err = None
+        if entry.get("call") == "rmdir":
+            try:
+                notice = remove_dir(*entry["args"])
+            except OSError as e:
+                err = f"{entry.get('show')}: {e}"
+        else:
+            err = run_undo(entry)
         if err:
             errors.append(err)
+            failed.append(entry)
         else:
             log(f"  undone: {entry['what']}")
-        journal.save()
+        if notice:
+            log(f"  notice: {notice}")
+        done += 1
+        if done % 64 == 0:
+            journal.rewrite()
+    journal.undo = failed[::-1]
+    if journal.exists:
+        journal.rewrite()
     return errors
-
-
-def _write_file(path: str, content: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(content)
-    os.replace(tmp, path)
-
-
-def _start_background(step: Step, argv: list[str]) -> None:
-    bg = step.background
-    os.makedirs(os.path.dirname(bg["logfile"]), exist_ok=True)
-    with open(bg["logfile"], "ab") as logf:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                start_new_session=True)
-    with open(bg["pidfile"], "w") as f:
-        f.write(f"{proc.pid}\n")
-
-    def ready() -> bool:
-        if proc.poll() is not None:
-            with open(bg["logfile"], errors="replace") as f:
-                tail = f.read()[-2000:]
-            raise StepError(f"{step.what}: {argv[0]} exited with {proc.returncode}: {tail.strip()}")
-        return bg["ready"]()
-
-    try:
-        wait_for(ready, timeout=bg.get("timeout", 10), what=step.what)
-    except BaseException:
-        stop_pid(proc.pid)
-        raise

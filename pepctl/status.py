@@ -1,180 +1,170 @@
-"""What is running, read from the live system as JSON (ip -j, tc -j, bpftool -j, stats socket)."""
+"""What is running, read from the live system: the maps through bpf(2), the processes by their
+recorded PIDs, HAProxy through its stats socket, the listeners through sock_diag.
+
+What new flows of a graph get is not a stored flag: the datapath proxies a new flow when the
+graph's listener exists and forwards it (fail-open) when it does not (tc/pep_flow.h). So status
+asks the kernel whether the listener exists, in the graph's namespace, and says "proxy" or
+"fail-open" from that, the same fact the datapath decides by.
+"""
 
 from __future__ import annotations
 
-import json
 import os
+import socket
 import time
 
-from . import haproxy_sock
-from .config import Config
-from .hostinfo import link_exists
-from .plan import graph_names, pin_dir
-from .runner import Journal, pid_alive, run
-from .steering import REASONS
+from haproxy import stats
 
-
-def netns_exists(name: str) -> bool:
-    return os.path.exists(f"/run/netns/{name}")
-
-
-def read_pid(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
+from . import bypass, nsutil, service, steering
+from .config import Config, Graph
+from .names import graph_names, instance_names, netns_path
+from .runner import Journal
 
 
 def problems(cfg: Config) -> list[str]:
     """What is missing from an instance that claims to be up."""
+    n = instance_names(cfg)
     found = []
-    if not os.path.isdir(pin_dir(cfg)):
-        found.append(f"pins {pin_dir(cfg)} missing")
+    if not os.path.isdir(n.pins):
+        found.append(f"pins {n.pins} missing")
+    links = {name for _, name in socket.if_nameindex()}
     for g in cfg.graphs:
-        n = graph_names(cfg, g)
-        if not netns_exists(n.netns):
-            found.append(f"namespace {n.netns} missing")
-        for dev in (n.c_out, n.s_out):
-            if not link_exists(dev):
-                found.append(f"link {dev} missing")
-        if g.proxy.enabled:
-            pid = read_pid(n.haproxy_pid)
-            if pid is None or not pid_alive(pid):
-                found.append(f"HAProxy of graph {g.name} not running")
-            wd = read_pid(os.path.join(n.dir, "watchdog.pid"))
-            if wd is None or not pid_alive(wd):
-                found.append(f"fail-open watchdog of graph {g.name} not running")
+        gn = graph_names(cfg, g)
+        if not os.path.exists(netns_path(gn.netns)):
+            found.append(f"namespace {gn.netns} missing")
+        found += [f"link {dev} missing" for dev in (gn.c_out, gn.s_out) if dev not in links]
+    if any(g.proxy.enabled for g in cfg.graphs):
+        procs = service.processes(n)
+        if not procs["haproxy"]["running"]:
+            found.append("HAProxy not running (new flows fail open)")
+        if not procs["supervisor"]["running"]:
+            found.append("the proxy supervisor is not running (nothing would restart HAProxy)")
     return found
 
 
-def _percpu_sum(entry: dict) -> dict[str, int] | int:
-    """Sum bpftool's per-CPU values (BTF-formatted) into one."""
-    total: dict[str, int] | int = 0
-    for v in entry.get("values", entry.get("formatted", {}).get("values", [])):
-        value = v["value"]
-        if isinstance(value, dict):
-            total = total or {}
-            for k, x in value.items():
-                total[k] = total.get(k, 0) + int(x)
-        else:
-            total = (total or 0) + int(value)
-    return total
+def listen_ports(g: Graph) -> set[int]:
+    """The ports the graph's listeners bind: listen_port (bpf, nft), or each intercepted port (route)."""
+    if g.proxy.interception in ("bpf", "nft"):
+        return {g.proxy.listen_port}
+    return {p for lo, hi in g.proxy.ports or () for p in range(lo, hi + 1)}
 
 
-def map_lookup(path: str, key: int):
-    proc = run(["bpftool", "-j", "map", "lookup", "pinned", path, "key", *[str(b) for b in key.to_bytes(4, "little")]],
-               check=False)
-    if proc.returncode != 0:
-        return None
-    data = json.loads(proc.stdout)
-    return _percpu_sum(data.get("formatted", data))
+def graph_mode(cfg: Config, g: Graph) -> dict:
+    """What new flows of the graph get now, from the listeners the kernel has in its namespace."""
+    want = listen_ports(g)
+    try:
+        have = nsutil.listening_ports(graph_names(cfg, g).netns) & want
+    except OSError as e:
+        return {"mode": "unknown", "why": str(e)}
+    if have == want:
+        return {"mode": "proxy", "why": f"HAProxy listens on {_ports_text(want)}"}
+    missing = want - have
+    return {"mode": "fail-open", "why": f"no listener on {_ports_text(missing)}: new flows are forwarded"}
 
 
-def steering_counters(cfg: Config, vid: int) -> dict[str, int]:
-    got = map_lookup(f"{pin_dir(cfg)}/maps/vlan_stats", vid)
-    return got if isinstance(got, dict) else {}
-
-
-def reason_counters(cfg: Config) -> dict[str, int]:
-    out = {}
-    for i, name in enumerate(REASONS):
-        got = map_lookup(f"{pin_dir(cfg)}/maps/reason_stats", i)
-        out[name] = got if isinstance(got, int) else 0
-    return out
+def _ports_text(ports: set[int]) -> str:
+    s = sorted(ports)
+    return ", ".join(map(str, s[:5])) + (f" and {len(s) - 5} more" if len(s) > 5 else "")
 
 
 def haproxy_report(sock: str) -> dict:
+    """Per-proxy rows of HAProxy's `show stat`: {proxy name: sessions and bytes}."""
     try:
-        rows = haproxy_sock.stats(sock)
-    except OSError as e:
-        return {"answering": False, "error": str(e)}
-    fe = [r for r in rows if r["svname"] == "FRONTEND" and r["pxname"] != "metrics"]
-    return {
-        "answering": True,
-        "sessions_total": sum(int(r["stot"] or 0) for r in fe),
-        "sessions_current": sum(int(r["scur"] or 0) for r in fe),
-        "bytes_in": sum(int(r["bin"] or 0) for r in fe),
-        "bytes_out": sum(int(r["bout"] or 0) for r in fe),
-    }
-
-
-def watchdog_report(n) -> dict:
-    from .watchdog import read_state
-    st = read_state(n)
-    pid = read_pid(os.path.join(n.dir, "watchdog.pid"))
-    last = st.get("last_switch")
-    return {"mode": st.get("mode", "unknown"), "watchdog_running": bool(pid and pid_alive(pid)),
-            "last_switch": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last)) if last else None,
-            "last_reason": st.get("reason"), "switches": st.get("switches", 0), "restarts": st.get("restarts", 0)}
-
-
-def bypass_report(cfg: Config, g) -> dict:
-    from .bypass import counters
-    try:
-        return counters(cfg, g)
+        rows = stats.stats(sock)
     except OSError as e:
         return {"error": str(e)}
+    out = {}
+    for r in rows:
+        if r["svname"] == "FRONTEND":
+            out[r["pxname"]] = {"sessions_current": int(r["scur"] or 0), "sessions_total": int(r["stot"] or 0),
+                                "sessions_limit": int(r["slim"] or 0), "bytes_in": int(r["bin"] or 0),
+                                "bytes_out": int(r["bout"] or 0), "denied": int(r["dreq"] or 0),
+                                "errors": int(r["ereq"] or 0)}
+    return out
 
 
-def collect(cfg: Config, journal_path: str) -> dict:
-    journal = Journal(journal_path)
-    report = {"instance": cfg.host.instance, "nic": cfg.host.nic, "graphs": []}
+def _when(t: float | None) -> str | None:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) if t else None
+
+
+def collect(cfg: Config) -> dict:
+    n = instance_names(cfg)
+    journal = Journal(n.journal)
+    report: dict = {"instance": cfg.host.instance, "nic": cfg.host.nic, "graphs": []}
     if not journal.exists:
         report["state"] = "down"
         return report
     bad = problems(cfg)
-    report["state"] = "up" if journal.data.get("complete") and not bad else "damaged"
+    report["state"] = "up" if journal.complete and not bad else ("starting" if not journal.complete else "damaged")
     report["problems"] = bad
+    any_proxy = any(g.proxy.enabled for g in cfg.graphs)
+    if any_proxy:
+        procs = service.processes(n)
+        if procs.get("last_exit"):
+            procs["last_exit"] = {**procs["last_exit"], "at": _when(procs["last_exit"].get("at"))}
+        report["proxy"] = procs
+        hap = haproxy_report(n.haproxy_sock)
     for g in cfg.graphs:
-        n = graph_names(cfg, g)
-        entry = {
-            "name": g.name, "netns": n.netns, "access_vlan": g.access.vlan, "origin_vlan": g.origin.vlan,
-            "ports": {"access": n.c_out, "origin": n.s_out},
-            "steering": {"access": steering_counters(cfg, g.access.vlan),
-                         "origin": steering_counters(cfg, g.origin.vlan)},
+        gn = graph_names(cfg, g)
+        entry: dict = {
+            "name": g.name, "slot": gn.slot, "netns": gn.netns,
+            "access_vlan": g.access.vlan, "origin_vlan": g.origin.vlan,
+            "ports": {"access": gn.c_out, "origin": gn.s_out},
+            "steering": {side: _safe(steering.vlan_counters, n.steer_pins, vid)
+                         for side, vid in (("access", g.access.vlan), ("origin", g.origin.vlan))},
             "proxy": {"enabled": g.proxy.enabled, "interception": g.proxy.interception},
         }
         if g.proxy.enabled:
-            pid = read_pid(n.haproxy_pid)
-            entry["proxy"].update({"pid": pid, "running": bool(pid and pid_alive(pid))})
-            entry["proxy"].update(haproxy_report(n.haproxy_sock))
-            entry["failopen"] = watchdog_report(n)
-            entry["flows"] = bypass_report(cfg, g)
+            entry["proxy"].update(graph_mode(cfg, g))
+            entry["proxy"]["haproxy"] = hap.get(gn.proxy, {}) if "error" not in hap else hap
+            entry["flows"] = _safe(bypass.counters, cfg, g)
         report["graphs"].append(entry)
-    report["drops_and_passes"] = reason_counters(cfg)
+    report["trunk"] = _safe(steering.reason_counters, n.steer_pins)
     return report
+
+
+def _safe(fn, *args) -> dict:
+    try:
+        return fn(*args)
+    except (OSError, ValueError) as e:
+        return {"error": str(e)}
 
 
 def print_table(report: dict, out) -> None:
     print(f"instance {report['instance']} on {report['nic']}: {report['state']}", file=out)
     for p in report.get("problems", []):
         print(f"  problem: {p}", file=out)
+    proxy = report.get("proxy")
+    if proxy:
+        h = proxy["haproxy"]
+        sup = proxy["supervisor"]
+        print(f"  HAProxy pid {h['pid']} {'running' if h['running'] else 'NOT RUNNING'}"
+              f"{', finishing old connections: ' + str(h['draining']) if h['draining'] else ''}; "
+              f"supervisor pid {sup['pid']} {'running' if sup['running'] else 'NOT RUNNING'}; "
+              f"restarts {proxy['restarts']}" + (f", last exit {proxy['last_exit']['at']}"
+                                                 if proxy["last_exit"] else ""), file=out)
     if not report["graphs"]:
         return
-    print(f"  {'graph':<10} {'vlan':>9} {'dir':<7} {'to pep pkts':>12} {'bytes':>14} "
+    print(f"  {'graph':<12} {'vlan':>5} {'side':<7} {'to pep pkts':>12} {'bytes':>14} "
           f"{'to nic pkts':>12} {'bytes':>14}", file=out)
     for g in report["graphs"]:
         for side, vid in (("access", g["access_vlan"]), ("origin", g["origin_vlan"])):
             c = g["steering"][side]
-            print(f"  {g['name']:<10} {vid:>9} {side:<7} {c.get('in_packets', 0):>12} {c.get('in_bytes', 0):>14} "
+            print(f"  {g['name']:<12} {vid:>5} {side:<7} {c.get('in_packets', 0):>12} {c.get('in_bytes', 0):>14} "
                   f"{c.get('out_packets', 0):>12} {c.get('out_bytes', 0):>14}", file=out)
         p = g["proxy"]
-        if p["enabled"]:
-            state = "running" if p.get("running") else "NOT RUNNING"
-            print(f"  {g['name']:<10} haproxy pid {p.get('pid')} {state}, {p['interception']} interception, "
-                  f"sessions {p.get('sessions_current', '?')} now / {p.get('sessions_total', '?')} total",
-                  file=out)
-            w, f = g["failopen"], g["flows"]
-            mode = "PROXY" if w["mode"] == "proxy" else f"FAIL-OPEN ({w['last_reason']})" \
-                if w["mode"] == "failopen" else w["mode"]
-            print(f"  {g['name']:<10} mode {mode}, last switch {w['last_switch'] or 'never'}, "
-                  f"watchdog {'running' if w['watchdog_running'] else 'NOT RUNNING'}", file=out)
-            if "error" not in f:
-                print(f"  {g['name']:<10} flows proxied {f.get('flows_proxied', 0)}, bypassed by rule "
-                      f"{f.get('flows_bypass_rule', 0)}, by fail-open {f.get('flows_bypass_failopen', 0)}", file=out)
-        else:
-            print(f"  {g['name']:<10} proxy disabled: the namespace routes only", file=out)
-    reasons = report.get("drops_and_passes", {})
-    if any(reasons.values()):
+        if not p["enabled"]:
+            print(f"  {g['name']:<12} proxy disabled: the namespace routes only", file=out)
+            continue
+        mode = "PROXY" if p["mode"] == "proxy" else p["mode"].upper()
+        h = p.get("haproxy", {})
+        print(f"  {g['name']:<12} new flows: {mode} ({p['why']}); {p['interception']} interception; "
+              f"sessions {h.get('sessions_current', '?')} now / {h.get('sessions_total', '?')} total", file=out)
+        f = g["flows"]
+        if "error" not in f:
+            print(f"  {g['name']:<12} flows proxied {f['flows_proxied']}, bypassed by rule {f['flows_bypass_rule']}, "
+                  f"by fail-open {f['flows_bypass_failopen']}, not intercepted {f['flows_not_intercepted']}, "
+                  f"to the PEP itself (dropped) {f['syn_to_self']}", file=out)
+    reasons = report.get("trunk", {})
+    if any(v for k, v in reasons.items() if k != "error"):
         print("  trunk: " + ", ".join(f"{k} {v}" for k, v in reasons.items() if v), file=out)

@@ -15,7 +15,7 @@ import shlex
 
 from .config import Config
 from .hostinfo import HostInfo, read
-from .runner import Step, run
+from .runner import Call, Step, action, note, run
 
 # A repeating 0x6d5a key makes the Toeplitz hash symmetric (Woo and Park, 2012).
 SYMMETRIC_KEY = ":".join(["6d", "5a"] * 26)
@@ -29,8 +29,15 @@ HOST_SYSCTLS = [
 ]
 
 
-def _sh(cmd: str) -> list[str]:
-    return ["sh", "-c", cmd]
+@action("write_proc")
+def _write_proc(path: str, value: str) -> None:
+    """Writes a /proc file in place (procfs has no rename)."""
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _echo(path: str, value: str) -> Call:
+    return Call("write_proc", (path, value), f"echo {shlex.quote(value)} > {path}")
 
 
 def nic_irqs(info: HostInfo) -> list[int]:
@@ -45,8 +52,8 @@ def nic_irqs(info: HostInfo) -> list[int]:
 def irq_steps(cfg: Config, info: HostInfo) -> list[Step]:
     irqs = nic_irqs(info)
     if not irqs:
-        return [Step("IRQ pinning", ["@note", f"{cfg.host.nic} has no interrupts of its own (virtual NIC): "
-                                               "IRQ pinning skipped"])]
+        return [note("IRQ pinning", f"{cfg.host.nic} has no interrupts of its own (virtual NIC): "
+                                    "IRQ pinning skipped")]
     cpus = ",".join(map(str, info.cpus))
     steps = []
     for irq in irqs:
@@ -54,8 +61,8 @@ def irq_steps(cfg: Config, info: HostInfo) -> list[Step]:
         old = read(path)
         if old is None:
             continue
-        steps.append(Step(f"pin IRQ {irq} of {cfg.host.nic} to CPUs {cpus}", _sh(f"echo {cpus} > {path}"),
-                          undo=_sh(f"echo {shlex.quote(old)} > {path}")))
+        steps.append(Step(f"pin IRQ {irq} of {cfg.host.nic} to CPUs {cpus}", _echo(path, cpus),
+                          undo=_echo(path, old)))
     return steps
 
 
@@ -63,14 +70,14 @@ def rss_steps(cfg: Config) -> list[Step]:
     nic = cfg.host.nic
     proc = run(["ethtool", "-x", nic], check=False)
     if proc.returncode != 0 or "RSS hash key" not in proc.stdout:
-        return [Step("symmetric RSS", ["@note", f"{nic} has no RSS indirection or hash key (veth, or a "
-                                                "single-queue NIC): symmetric RSS key skipped"])]
+        return [note("symmetric RSS", f"{nic} has no RSS indirection or hash key (veth, or a "
+                                      "single-queue NIC): symmetric RSS key skipped")]
     lines = proc.stdout.splitlines()
     i = next(i for i, line in enumerate(lines) if line.startswith("RSS hash key"))
     old = "".join(line.strip() for line in lines[i + 1:] if ":" in line and "RSS" not in line and
                   all(len(x) == 2 for x in line.strip().split(":")))
     if not old or len(old.split(":")) != len(SYMMETRIC_KEY.split(":")):
-        return [Step("symmetric RSS", ["@note", f"{nic}'s RSS key is not 52 bytes: symmetric key skipped"])]
+        return [note("symmetric RSS", f"{nic}'s RSS key is not 52 bytes: symmetric key skipped")]
     return [Step(f"symmetric RSS hash key on {nic}", ["ethtool", "-X", nic, "hkey", SYMMETRIC_KEY],
                  undo=["ethtool", "-X", nic, "hkey", old])]
 
@@ -80,7 +87,7 @@ def sysctl_steps() -> list[Step]:
     for key, value in HOST_SYSCTLS:
         old = read("/proc/sys/" + key.replace(".", "/"))
         if old is None:
-            steps.append(Step(f"sysctl {key}", ["@note", f"{key} does not exist here: skipped"]))
+            steps.append(note(f"sysctl {key}", f"{key} does not exist here: skipped"))
         elif int(old.split()[0]) >= int(value):
             continue   # already at least as high: leave the operator's value alone
         else:

@@ -1,172 +1,273 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * Per-flow bypass on the two inner interfaces of a graph's namespace. One tc
- * direct-action program, flow_ingress, on the clsact ingress of c_in (access
- * side) and s_in (origin side); which one it runs on is side_config's
- * answer for skb->ifindex.
+ * The flow datapath of an instance: one tc direct-action program,
+ * flow_ingress, on the clsact ingress of c_in (access side) and s_in (origin
+ * side) of every graph's namespace. The graph slot and the side come from
+ * skb->ifindex (PEP_IFINDEX_BASE + 2 * slot, + 1 for the origin side).
  *
- * Each TCP flow is decided on its first SYN and the verdict kept in
- * flow_table, keyed by the flow as the subscriber sees it so both
- * directions find it:
+ * Each TCP flow is decided on its first SYN (decide_syn, the steps of
+ * pep_flow.h in order):
  *
- *   PROXY             TC_ACT_OK: the stack's interception hands it to HAProxy
- *   BYPASS_RULE       a client / server prefix or the SYN's port matched
- *   BYPASS_FAILOPEN   the proxy is down (proxy_state.up == 0)
+ *   to the graph's own addresses    TC_ACT_SHOT               syn_to_self
+ *   port or direction not ours      TC_ACT_OK, not remembered  flows_not_intercepted
+ *   a bypass rule matches           BYPASS_RULE: remembered, forwarded here
+ *   no proxy listener (or assign    BYPASS_FAILOPEN: remembered, forwarded here
+ *     refused, mode bpf)
+ *   otherwise                       PROXY: TC_ACT_OK (mode bpf: handed to the
+ *                                   listener), not remembered
  *
- * Bypassed packets are forwarded at L3 here (bypass_fwd.h). Everything else
- * (not TCP, TCP of no known flow) goes to the stack untouched. The contract,
- * counters included, is pep_bypass.h.
+ * Bypassed packets are forwarded at L3 here (flow_fwd.h) for the flow's
+ * life (flow_table.h keeps them). With GRAPH_F_ASSIGN, segments of no
+ * remembered flow go to their own socket, or with a valid SYN cookie to the
+ * listener (flow_sock.h). Everything else goes to the stack untouched.
+ * The contract, counters included, is pep_flow.h.
  */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
-#include "pep_bypass.h"
-#include "bypass_fwd.h"
-#include "bypass_maps.h"
-#include "bypass_parse.h"
+#include "pep_flow.h"
+#include "flow_fwd.h"
+#include "flow_maps.h"
+#include "flow_parse.h"
+#include "flow_sock.h"
+#include "flow_table.h"
 
 char _license[] SEC("license") = "GPL";
 
-static __always_inline int pass(__u32 counter)
+static __always_inline int pass(const struct where *w, __u32 counter)
 {
-	count(counter);
+	count(w->slot, counter);
 	return TC_ACT_OK;
 }
 
-/* The flow as the subscriber sees it: on the access side the subscriber
- * sent the packet, on the origin side it is the one the packet is for. */
-static __always_inline void flow_key_of(const struct tcp_pkt *p, __u32 side, struct flow_key *k)
+/* The graph and side of the interface a packet came in on. Non-zero: not a
+ * graph's interface, or a slot not in use. */
+static __always_inline int where_from(__u32 ifindex, struct where *w)
 {
-	__builtin_memset(k, 0, sizeof(*k));
-	k->family = p->family;
-	if (side == SIDE_ACCESS) {
-		__builtin_memcpy(k->sub_addr, p->src, 16);
-		__builtin_memcpy(k->org_addr, p->dst, 16);
-		k->sub_port = p->sport;
-		k->org_port = p->dport;
-	} else {
-		__builtin_memcpy(k->sub_addr, p->dst, 16);
-		__builtin_memcpy(k->org_addr, p->src, 16);
-		k->sub_port = p->dport;
-		k->org_port = p->sport;
-	}
+	const struct graph_config *g;
+	__u32 off = ifindex - PEP_IFINDEX_BASE;  /* below BASE: wraps to a huge value */
+
+	if (off >= 2 * PEP_GRAPHS_MAX)
+		return -1;
+	w->slot = off >> 1;
+	w->side = (off & 1) ? SIDE_ORIGIN : SIDE_ACCESS;
+	g = bpf_map_lookup_elem(&graphs, &w->slot);
+	if (!g || !(g->flags & GRAPH_F_ENABLED))
+		return -1;
+	w->flags = g->flags;
+	w->listen_port = g->listen_port;
+	return 0;
 }
 
-static __always_inline int rule_hit(const __u32 *v)
+/* Does the graph intercept flows opened from this side to this port? */
+static __always_inline int intercepted(const struct where *w, const struct tcp_pkt *p)
 {
-	return v && *v;
+	struct port_key pk = { .graph = w->slot, .port = bpf_ntohs(p->dport) };
+
+	if (w->side == SIDE_ORIGIN && !(w->flags & GRAPH_F_ORIGIN_SYNS))
+		return 0;
+	if (w->flags & GRAPH_F_ALL_PORTS)
+		return 1;
+	return present(bpf_map_lookup_elem(&intercept_ports, &pk));
 }
 
-static __always_inline int lpm4_hit(void *map, const __u8 *mapped)
+static __always_inline int to_self(const struct where *w, const struct tcp_pkt *p)
 {
-	struct lpm4_key key = { .prefixlen = 32 };
+	struct addr_key ak = { .graph = w->slot };
+
+	__builtin_memcpy(ak.addr, p->dst, 16);
+	return present(bpf_map_lookup_elem(&graph_addrs, &ak));
+}
+
+static __always_inline int lpm4_hit(void *map, __u32 slot, const __u8 *mapped)
+{
+	struct lpm4_key key = { .prefixlen = 32 + 32, .graph = bpf_htonl(slot) };
 
 	__builtin_memcpy(key.addr, mapped + 12, 4);
-	return rule_hit(bpf_map_lookup_elem(map, &key));
+	return present(bpf_map_lookup_elem(map, &key));
 }
 
-static __always_inline int lpm6_hit(void *map, const __u8 *addr)
+static __always_inline int lpm6_hit(void *map, __u32 slot, const __u8 *addr)
 {
-	struct lpm6_key key = { .prefixlen = 128 };
+	struct lpm6_key key = { .prefixlen = 32 + 128, .graph = bpf_htonl(slot) };
 
 	__builtin_memcpy(key.addr, addr, 16);
-	return rule_hit(bpf_map_lookup_elem(map, &key));
+	return present(bpf_map_lookup_elem(map, &key));
 }
 
-/* The verdict of a new flow, from the proxy's state and the rules. */
-static __always_inline __u32 decide(const struct tcp_pkt *p, const struct flow_key *k)
+/* A bypass rule of the graph: subscriber prefix, origin prefix, or the port
+ * the SYN is addressed to. */
+static __always_inline int rule_hit(const struct flow_key *k, const struct where *w, const struct tcp_pkt *p)
 {
-	const struct proxy_state *ps;
-	__u32 zero = 0, port;
-
-	ps = bpf_map_lookup_elem(&proxy_state, &zero);
-	if (!ps || !ps->up)
-		return VERDICT_BYPASS_FAILOPEN;
+	struct port_key pk = { .graph = w->slot, .port = bpf_ntohs(p->dport) };
 
 	if (k->family == 4) {
-		if (lpm4_hit(&bypass_client4, k->sub_addr) || lpm4_hit(&bypass_server4, k->org_addr))
-			return VERDICT_BYPASS_RULE;
+		if (lpm4_hit(&bypass_client4, w->slot, k->sub_addr) || lpm4_hit(&bypass_server4, w->slot, k->org_addr))
+			return 1;
 	} else {
-		if (lpm6_hit(&bypass_client6, k->sub_addr) || lpm6_hit(&bypass_server6, k->org_addr))
-			return VERDICT_BYPASS_RULE;
+		if (lpm6_hit(&bypass_client6, w->slot, k->sub_addr) || lpm6_hit(&bypass_server6, w->slot, k->org_addr))
+			return 1;
 	}
-	port = bpf_ntohs(p->dport);  /* the port the SYN is addressed to */
-	if (rule_hit(bpf_map_lookup_elem(&bypass_ports, &port)))
-		return VERDICT_BYPASS_RULE;
-	return VERDICT_PROXY;
+	return present(bpf_map_lookup_elem(&bypass_ports, &pk));
 }
 
-static __always_inline __u32 flow_counter(__u32 verdict)
+/* Steps 4 and 5: PROXY when a listener takes the SYN (counted, and in mode
+ * bpf handed over and marked), else BYPASS_FAILOPEN. */
+static __always_inline __u32 to_proxy(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w)
 {
-	switch (verdict) {
-	case VERDICT_BYPASS_RULE:
-		return CNT_FLOWS_BYPASS_RULE;
-	case VERDICT_BYPASS_FAILOPEN:
-		return CNT_FLOWS_BYPASS_FAILOPEN;
-	default:
-		return CNT_FLOWS_PROXIED;
+	struct bpf_sock *sk = sock_for(skb, p, listener_port(w->listen_port, p));
+	__u32 verdict = VERDICT_PROXY;
+
+	if (!sk)
+		return VERDICT_BYPASS_FAILOPEN;  /* the proxy is down: fail open */
+	if (w->flags & GRAPH_F_ASSIGN) {
+		if (hand_to(skb, sk)) {
+			count(w->slot, CNT_ASSIGN_FAILED);
+			verdict = VERDICT_BYPASS_FAILOPEN;
+		}
 	}
+	bpf_sk_release(sk);
+	if (verdict == VERDICT_PROXY)
+		count(w->slot, CNT_FLOWS_PROXIED);
+	return verdict;
+}
+
+/* A first SYN of no remembered flow: decided here and now. */
+static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
+				      const struct flow_key *k)
+{
+	__u32 verdict;
+
+	if (to_self(w, p)) {
+		/* Dropped: the PEP accepts no connection to itself through its
+		 * graphs, and no proxy must answer for its addresses. */
+		count(w->slot, CNT_SYN_TO_SELF);
+		return TC_ACT_SHOT;
+	}
+	if (!intercepted(w, p))
+		return pass(w, CNT_FLOWS_NOT_INTERCEPTED);
+	verdict = rule_hit(k, w, p) ? VERDICT_BYPASS_RULE : to_proxy(skb, p, w);
+	if (verdict == VERDICT_PROXY)
+		return TC_ACT_OK;
+	remember(k, p, w, verdict);
+	count(w->slot, verdict == VERDICT_BYPASS_RULE ? CNT_FLOWS_BYPASS_RULE : CNT_FLOWS_BYPASS_FAILOPEN);
+	return forward(skb, p, w->slot);
+}
+
+static __always_inline int first_syn(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
+				     const struct flow_key *k)
+{
+	const struct flow_new *n = bpf_map_lookup_elem(&flows_new, k);
+	const struct flow_est *e;
+
+	if (n) {
+		if (n->syn_seq == p->seq)
+			return forward(skb, p, w->slot);  /* a retransmission: decided already */
+		bpf_map_delete_elem(&flows_new, k);    /* the 4-tuple reused: a new flow */
+	}
+	e = bpf_map_lookup_elem(&flows, k);
+	if (e) {
+		if (e->syn_seq == p->seq)
+			return forward(skb, p, w->slot);
+		bpf_map_delete_elem(&flows, k);
+	}
+	return decide_syn(skb, p, w, k);
+}
+
+/* A segment of no remembered flow. Mode bpf: to its own socket, or an ACK
+ * with a valid SYN cookie to the listener; else the stack's. */
+static __always_inline int no_flow(struct __sk_buff *skb, struct tcp_pkt *p, const struct where *w)
+{
+	struct bpf_sock *sk;
+	__be16 port;
+	long err;
+
+	if (!(w->flags & GRAPH_F_ASSIGN))
+		return pass(w, CNT_PKTS_NO_FLOW);
+	sk = sock_for(skb, p, p->dport);
+	if (sk) {
+		err = hand_to(skb, sk);
+		bpf_sk_release(sk);
+		return pass(w, err ? CNT_ASSIGN_FAILED : CNT_PKTS_ASSIGNED);
+	}
+	port = listener_port(w->listen_port, p);
+	if (port == p->dport || !is_bare_ack(p) || !intercepted(w, p))
+		return pass(w, CNT_PKTS_NO_FLOW);  /* (the same lookup found nothing just now) */
+	sk = sock_for(skb, p, port);
+	if (!sk)
+		return pass(w, CNT_PKTS_NO_FLOW);
+	err = -1;
+	if (cookie_valid(sk, p))
+		err = hand_to(skb, sk);
+	bpf_sk_release(sk);
+	if (err == -1)
+		return pass(w, CNT_PKTS_NO_FLOW);
+	return pass(w, err ? CNT_ASSIGN_FAILED : CNT_PKTS_SYNCOOKIE);
+}
+
+/* A SYN-ACK answering another SYN on a remembered flow's 4-tuple: typically
+ * HAProxy's own connection to the origin, made from the client's address
+ * (usesrc clientip) on a port an old bypassed flow used. The old flow is
+ * forgotten (by the caller) and the segment is of no flow, or the origin's
+ * answer would be forwarded to the client and the proxied connection hang. */
+static __always_inline int stale(struct __sk_buff *skb, struct tcp_pkt *p, const struct where *w)
+{
+	count(w->slot, CNT_FLOWS_STALE);
+	return no_flow(skb, p, w);
+}
+
+/* Any segment but a first SYN. */
+static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const struct where *w,
+				 const struct flow_key *k)
+{
+	struct flow_est *e = bpf_map_lookup_elem(&flows, k);
+	struct flow_new *n;
+
+	if (e) {
+		if (is_syn_ack(p) && p->ack_seq != e->syn_seq + 1) {
+			bpf_map_delete_elem(&flows, k);
+			return stale(skb, p, w);
+		}
+		est_seen(e, p, w->side);
+		return forward(skb, p, w->slot);
+	}
+	n = bpf_map_lookup_elem(&flows_new, k);
+	if (!n)
+		return no_flow(skb, p, w);
+	if (is_syn_ack(p)) {
+		if (w->side == n->opener || p->ack_seq != n->syn_seq + 1) {
+			bpf_map_delete_elem(&flows_new, k);
+			return stale(skb, p, w);
+		}
+		n->synack_seq = p->seq;
+		n->state = FLOW_SYNACK_SEEN;
+	} else if (p->flags & TCP_FLAG_RST) {
+		bpf_map_delete_elem(&flows_new, k);  /* refused or aborted: nothing to keep */
+	} else if (w->side == n->opener && (p->flags & TCP_FLAG_ACK) && n->state == FLOW_SYNACK_SEEN &&
+		   p->ack_seq == n->synack_seq + 1) {
+		promote(k, n, w->slot);
+	}
+	return forward(skb, p, w->slot);
 }
 
 SEC("tc")
 int flow_ingress(struct __sk_buff *skb)
 {
-	const struct side_config *sc;
-	const struct flow_value *fv;
-	struct flow_value nv = {};
-	struct flow_key key;
 	struct tcp_pkt p = {};
-	__u32 ifindex = skb->ifindex;
-	__u32 verdict;
+	struct flow_key key;
+	struct where w;
 
-	/* Attached to an interface the loader has not registered (or with a
-	 * bad side): we cannot tell the subscriber from the origin, so leave
-	 * the packet to the stack. Not counted: a setup error, not traffic.
-	 * peer_ifindex is not read: the FIB picks the egress device. */
-	sc = bpf_map_lookup_elem(&side_config, &ifindex);
-	if (!sc || (sc->side != SIDE_ACCESS && sc->side != SIDE_ORIGIN))
+	/* Not a graph's interface, or a slot not in use: we know no graph to
+	 * count in, nor which end is the subscriber. Left to the stack,
+	 * uncounted: a setup error, not traffic. */
+	if (where_from(skb->ifindex, &w))
 		return TC_ACT_OK;
-
 	if (parse_tcp(skb, &p))
-		return pass(CNT_PKTS_NOT_TCP);
-	flow_key_of(&p, sc->side, &key);
-
-	fv = bpf_map_lookup_elem(&flow_table, &key);
-	if (is_first_syn(&p)) {
-		if (fv && fv->syn_seq == p.seq) {
-			/* A retransmitted SYN: the flow was decided already. */
-			verdict = fv->verdict;
-		} else {
-			/* New, or the 4-tuple reused with a new ISN: decide anew. */
-			verdict = decide(&p, &key);
-			nv.verdict = verdict;
-			nv.syn_seq = p.seq;
-			nv.first_seen_ns = bpf_ktime_get_ns();
-			/* Can only fail without memory; the flow's later packets
-			 * then find no entry and go to the stack (no_flow). */
-			bpf_map_update_elem(&flow_table, &key, &nv, BPF_ANY);
-			count(flow_counter(verdict));
-		}
-	} else {
-		if (!fv)
-			return pass(CNT_PKTS_NO_FLOW);
-		/* Entries outlive their flows (LRU). A SYN-ACK that does not
-		 * answer the stored SYN belongs to another connection on the
-		 * same 4-tuple: typically HAProxy's own connection to the
-		 * origin, made from the client's address (usesrc clientip) on a
-		 * port an old bypassed flow used. Forget the old flow and leave
-		 * this one to the stack, or the origin's answer would be
-		 * forwarded to the client and the proxied connection hang. */
-		if (is_syn_ack(&p) && p.ack_seq != fv->syn_seq + 1) {
-			bpf_map_delete_elem(&flow_table, &key);
-			return pass(CNT_FLOWS_STALE);
-		}
-		verdict = fv->verdict;
-	}
-
-	if (verdict != VERDICT_BYPASS_RULE && verdict != VERDICT_BYPASS_FAILOPEN)
-		return TC_ACT_OK;  /* PROXY: the stack's interception takes it */
-	return forward(skb, &p);
+		return pass(&w, CNT_PKTS_NOT_TCP);
+	flow_key_of(&p, &w, &key);
+	if (is_first_syn(&p))
+		return first_syn(skb, &p, &w, &key);
+	return later(skb, &p, &w, &key);
 }

@@ -3,10 +3,11 @@
  * Forwarding a bypassed packet at L3 from tc ingress, as the stack's own
  * forwarding would, minus netfilter (and so minus TPROXY and HAProxy):
  * TTL / hop limit checked and decremented, next hop and MACs from the FIB
- * and the neighbour table, out by the egress device.
+ * and the neighbour table, out by the egress device. Counted in the
+ * graph's own slots of flow_stats.
  */
-#ifndef PEP_BYPASS_FWD_H
-#define PEP_BYPASS_FWD_H
+#ifndef PEP_FLOW_FWD_H
+#define PEP_FLOW_FWD_H
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -16,8 +17,8 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
-#include "bypass_maps.h"
-#include "bypass_parse.h"
+#include "flow_maps.h"
+#include "flow_parse.h"
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -47,7 +48,9 @@ static __always_inline int decrement_ttl(struct __sk_buff *skb, const struct tcp
 	return bpf_skb_store_bytes(skb, IP4_TTL_OFF, &ttl, 1, 0);
 }
 
-static __always_inline int forward(struct __sk_buff *skb, const struct tcp_pkt *p)
+/* Forwards a packet of a bypassed flow of graph slot: TC_ACT_REDIRECT, or
+ * TC_ACT_SHOT / TC_ACT_OK as said at each case. */
+static __attribute__((noinline)) int forward(struct __sk_buff *skb, const struct tcp_pkt *p, __u32 slot)
 {
 	struct bpf_fib_lookup fib = {};
 	struct bpf_redir_neigh nh = {};
@@ -56,7 +59,7 @@ static __always_inline int forward(struct __sk_buff *skb, const struct tcp_pkt *
 	/* Expired: dropped here and not left to the stack, whose TPROXY rule
 	 * would hand the segment to HAProxy (no ICMP time exceeded, then). */
 	if (p->ttl <= 1) {
-		count(CNT_PKTS_TTL_EXPIRED);
+		count(slot, CNT_PKTS_TTL_EXPIRED);
 		return TC_ACT_SHOT;
 	}
 
@@ -89,7 +92,7 @@ static __always_inline int forward(struct __sk_buff *skb, const struct tcp_pkt *
 		    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_dest), fib.dmac, ETH_ALEN, 0) ||
 		    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), fib.smac, ETH_ALEN, 0))
 			return TC_ACT_SHOT;
-		count(CNT_PKTS_BYPASSED);
+		count(slot, CNT_PKTS_BYPASSED);
 		return bpf_redirect(fib.ifindex, 0);
 	case BPF_FIB_LKUP_RET_NO_NEIGH:
 		/* Routed, but the next hop's MAC is not known yet: the kernel
@@ -104,7 +107,7 @@ static __always_inline int forward(struct __sk_buff *skb, const struct tcp_pkt *
 			nh.ipv4_nh = fib.ipv4_dst;
 		else
 			__builtin_memcpy(nh.ipv6_nh, fib.ipv6_dst, 16);
-		count(CNT_PKTS_BYPASSED);
+		count(slot, CNT_PKTS_BYPASSED);
 		return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
 	case BPF_FIB_LKUP_RET_NOT_FWDED:
 		/* Addressed to this namespace itself (local, broadcast): not ours
@@ -115,9 +118,9 @@ static __always_inline int forward(struct __sk_buff *skb, const struct tcp_pkt *
 		 * disabled on the ingress device, too big for the egress MTU, or
 		 * a bad lookup argument (< 0). Passed on, it would meet the
 		 * stack's TPROXY rule, which must never see a bypassed flow. */
-		count(CNT_PKTS_FIB_MISS);
+		count(slot, CNT_PKTS_FIB_MISS);
 		return TC_ACT_SHOT;
 	}
 }
 
-#endif /* PEP_BYPASS_FWD_H */
+#endif /* PEP_FLOW_FWD_H */

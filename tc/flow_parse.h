@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * Reading the few header fields the bypass needs from an untagged Ethernet
+ * Reading the headers the flow datapath needs from an untagged Ethernet
  * frame: IPv4 or IPv6, then TCP. The steering datapath has already popped
  * the VLAN tag, so the ethertype sits right after the MACs.
  *
@@ -11,15 +11,19 @@
  *   - IPv6 with any extension header before TCP (hop-by-hop, routing,
  *     fragment, ...): TCP is looked for right after the fixed header only;
  *   - anything shorter than the headers it claims: the stack judges it.
+ *
+ * The fixed IP header and the first 20 bytes of the TCP header are kept as
+ * copies on the stack: bpf_tcp_check_syncookie reads them from there.
  */
-#ifndef PEP_BYPASS_PARSE_H
-#define PEP_BYPASS_PARSE_H
+#ifndef PEP_FLOW_PARSE_H
+#define PEP_FLOW_PARSE_H
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/in.h>
 #include <linux/ip.h>
 #include <linux/ipv6.h>
+#include <linux/tcp.h>
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 #include "skb_read.h"
@@ -28,20 +32,17 @@
 #define IP4_OFFSET 0x1fff    /* fragment offset, in 8-byte units */
 #define IP6_FLOWINFO 0x0fffffff
 #define TCP_FLAGS_OFF 13     /* the byte holding CWR..FIN */
+#define TCP_FLAG_FIN 0x01
 #define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_RST 0x04
 #define TCP_FLAG_ACK 0x10
 
-/* The part of a TCP header we read: up to and including the flags. */
-struct tcp_head {
-	__be16 sport;
-	__be16 dport;
-	__be32 seq;
-	__be32 ack_seq;
-	__u8 doff;
-	__u8 flags;
-};
-
 struct tcp_pkt {
+	union {
+		struct iphdr v4;   /* the fixed 20 bytes; options are not copied */
+		struct ipv6hdr v6;
+	} ip;
+	struct tcphdr tcp;         /* the first 20 bytes; options are not copied */
 	__u8 src[16];      /* IPv4 as ::ffff:a.b.c.d, as in struct flow_key */
 	__u8 dst[16];
 	__be16 sport;
@@ -56,7 +57,6 @@ struct tcp_pkt {
 	__u32 l4_off;      /* where the TCP header starts */
 };
 
-
 static __always_inline void v4_mapped(__u8 *to, __be32 addr)
 {
 	__builtin_memset(to, 0, 10);
@@ -67,48 +67,47 @@ static __always_inline void v4_mapped(__u8 *to, __be32 addr)
 
 static __always_inline int parse_ip4(struct __sk_buff *skb, struct tcp_pkt *p)
 {
-	struct iphdr ip;
+	struct iphdr *ip = &p->ip.v4;
 	__u32 ihl;
 
-	if (load_hdr(skb, ETH_HLEN, &ip, sizeof(ip)))
+	if (load_hdr(skb, ETH_HLEN, ip, sizeof(*ip)))
 		return -1;
-	ihl = ip.ihl;
-	if (ip.version != 4 || ihl < 5)
+	ihl = ip->ihl;
+	if (ip->version != 4 || ihl < 5)
 		return -1;
-	if (ip.frag_off & bpf_htons(IP4_MF | IP4_OFFSET))
+	if (ip->frag_off & bpf_htons(IP4_MF | IP4_OFFSET))
 		return -1;
-	if (ip.protocol != IPPROTO_TCP)
+	if (ip->protocol != IPPROTO_TCP)
 		return -1;
 	p->family = 4;
-	p->ttl = ip.ttl;
-	p->tos = ip.tos;
+	p->ttl = ip->ttl;
+	p->tos = ip->tos;
 	p->l4_off = ETH_HLEN + ihl * 4;  /* options honoured: at most 60 bytes */
-	v4_mapped(p->src, ip.saddr);
-	v4_mapped(p->dst, ip.daddr);
+	v4_mapped(p->src, ip->saddr);
+	v4_mapped(p->dst, ip->daddr);
 	return 0;
 }
 
 static __always_inline int parse_ip6(struct __sk_buff *skb, struct tcp_pkt *p)
 {
-	struct ipv6hdr ip6;
+	struct ipv6hdr *ip6 = &p->ip.v6;
 
-	if (load_hdr(skb, ETH_HLEN, &ip6, sizeof(ip6)))
+	if (load_hdr(skb, ETH_HLEN, ip6, sizeof(*ip6)))
 		return -1;
-	if (ip6.version != 6 || ip6.nexthdr != IPPROTO_TCP)
+	if (ip6->version != 6 || ip6->nexthdr != IPPROTO_TCP)
 		return -1;
 	p->family = 6;
-	p->ttl = ip6.hop_limit;
-	p->flowinfo = *(__be32 *)&ip6 & bpf_htonl(IP6_FLOWINFO);
-	p->l4_off = ETH_HLEN + sizeof(ip6);
-	__builtin_memcpy(p->src, &ip6.saddr, 16);
-	__builtin_memcpy(p->dst, &ip6.daddr, 16);
+	p->ttl = ip6->hop_limit;
+	p->flowinfo = *(__be32 *)ip6 & bpf_htonl(IP6_FLOWINFO);
+	p->l4_off = ETH_HLEN + sizeof(*ip6);
+	__builtin_memcpy(p->src, &ip6->saddr, 16);
+	__builtin_memcpy(p->dst, &ip6->daddr, 16);
 	return 0;
 }
 
 /* Zero: p describes a TCP segment. Non-zero: not one we read (see top). */
 static __always_inline int parse_tcp(struct __sk_buff *skb, struct tcp_pkt *p)
 {
-	struct tcp_head th;
 	__be16 proto;
 
 	if (load_hdr(skb, offsetof(struct ethhdr, h_proto), &proto, sizeof(proto)))
@@ -122,13 +121,13 @@ static __always_inline int parse_tcp(struct __sk_buff *skb, struct tcp_pkt *p)
 	} else {
 		return -1;
 	}
-	if (load_hdr(skb, p->l4_off, &th, sizeof(th)))
+	if (load_hdr(skb, p->l4_off, &p->tcp, sizeof(p->tcp)))
 		return -1;
-	p->sport = th.sport;
-	p->dport = th.dport;
-	p->seq = bpf_ntohl(th.seq);
-	p->ack_seq = bpf_ntohl(th.ack_seq);
-	p->flags = th.flags;
+	p->sport = p->tcp.source;
+	p->dport = p->tcp.dest;
+	p->seq = bpf_ntohl(p->tcp.seq);
+	p->ack_seq = bpf_ntohl(p->tcp.ack_seq);
+	p->flags = ((const __u8 *)&p->tcp)[TCP_FLAGS_OFF];
 	return 0;
 }
 
@@ -143,4 +142,11 @@ static __always_inline int is_syn_ack(const struct tcp_pkt *p)
 	return (p->flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == (TCP_FLAG_SYN | TCP_FLAG_ACK);
 }
 
-#endif /* PEP_BYPASS_PARSE_H */
+/* An ACK of no handshake's first two segments and no reset: what answers a
+ * SYN cookie. */
+static __always_inline int is_bare_ack(const struct tcp_pkt *p)
+{
+	return (p->flags & (TCP_FLAG_SYN | TCP_FLAG_RST | TCP_FLAG_ACK)) == TCP_FLAG_ACK;
+}
+
+#endif /* PEP_FLOW_PARSE_H */

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: GPL-2.0 */
-/* Reading packet headers, shared by the steering and bypass programs. */
+/* Reading packet headers, shared by the steering and flow programs. */
 #ifndef PEP_SKB_READ_H
 #define PEP_SKB_READ_H
 

@@ -1,0 +1,317 @@
+"""The supervisor of an instance's HAProxy: start it, restart it the moment it dies, reload it.
+
+One supervisor per instance, whatever the number of graphs. It runs as the proxy's own user
+with CAP_NET_ADMIN, CAP_SYS_ADMIN and CAP_NET_BIND_SERVICE in its ambient set (from its
+systemd unit, etc/systemd/pep-supervisor@.service, or pepctl's keeper, which reads the same
+unit), clears them from its own effective set at once (it uses none), and hands them on to
+HAProxy, which needs them (haproxy/README.md says why each).
+
+It does not decide fail-open: the datapath does. When HAProxy dies its listening sockets go
+with it, and tc's flow_ingress forwards new flows the moment no listener answers its lookup
+(tc/pep_flow.h). The supervisor only brings HAProxy back: it watches HAProxy's PID through a
+pidfd, so it learns of the death at once, not at its next poll, and restarts it at once (a
+HAProxy that keeps dying is retried with a backoff of up to RESTART_MAX_DELAY).
+
+    SIGHUP   reload: check the config, start a new HAProxy that takes the listening sockets
+             over (-x) and tells the old one to finish its connections (-sf); the result is
+             in the state file (generation, last_reload)
+    SIGTERM  stop HAProxy (every process it started) and exit
+
+A supervisor started while a HAProxy of this instance runs (it was restarted itself) adopts
+that HAProxy instead of starting a second one. Everything it knows is in proxy/supervisor.json,
+written on every change; `pepctl status` reads it.
+
+Run as `pepctl supervise INSTANCE_DIR`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+from . import stats
+
+RESTART_MAX_DELAY = 1.0   # seconds: back-off ceiling for a HAProxy that will not stay up
+READY_TIMEOUT = 30.0      # seconds a new HAProxy has to answer on its stats socket
+STOP_GRACE = 5.0
+DEFAULT_STATE = {"pid": None, "haproxy": None, "draining": [], "ready": False, "restarts": 0,
+                 "last_exit": None, "generation": 0, "last_reload": None, "started": None}
+
+
+def paths(instance_dir: str) -> dict[str, str]:
+    """The supervisor's files, as pepctl/names.py lays them out."""
+    proxy = os.path.join(instance_dir, "proxy")
+    return {"cfg": os.path.join(instance_dir, "haproxy.cfg"), "sock": os.path.join(proxy, "haproxy.sock"),
+            "supervisor_log": os.path.join(proxy, "supervisor.log"),
+            "log": os.path.join(proxy, "haproxy.log"), "state": os.path.join(proxy, "supervisor.json"),
+            "pid": os.path.join(proxy, "supervisor.pid")}
+
+
+def read_state(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return {**DEFAULT_STATE, **json.load(f)}
+    except (OSError, ValueError):
+        return dict(DEFAULT_STATE)
+
+
+def haproxy_pids(state: dict) -> list[int]:
+    """Every HAProxy the supervisor has running: the current one and those finishing connections."""
+    return [p for p in [state.get("haproxy"), *state.get("draining", [])] if p]
+
+
+def is_our_haproxy(pid: int, cfg: str) -> bool:
+    """pid is a live HAProxy started with cfg (a recorded PID may have been reused since)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        with open(f"/proc/{pid}/stat") as f:
+            zombie = f.read().split(") ", 1)[1][0] == "Z"
+    except OSError:
+        return False
+    return not zombie and os.path.basename(argv[0]) == b"haproxy" and cfg.encode() in argv
+
+
+# -- capabilities ---------------------------------------------------------------------------------
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def drop_effective_caps() -> None:
+    """Empties this process's effective capability set; permitted, inheritable and ambient stay,
+    so the programs it starts still get the ambient ones (capabilities(7))."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    hdr = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if libc.capget(ctypes.byref(hdr), data) != 0:
+        return
+    for d in data:
+        d.effective = 0
+    libc.capset(ctypes.byref(hdr), data)
+
+
+# -- the supervisor -------------------------------------------------------------------------------
+class Supervisor:
+    def __init__(self, instance_dir: str, out=None):
+        self.dir = instance_dir
+        self.p = paths(instance_dir)
+        self.out = out or open(self.p["supervisor_log"], "a")  # noqa: SIM115
+        self.state = read_state(self.p["state"])
+        self.state.update(pid=os.getpid(), ready=False, started=time.time())
+        self.pidfds: dict[int, int] = {}        # haproxy pid -> pidfd
+        self.children: dict[int, subprocess.Popen] = {}
+        self.fails = 0
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.signals: list[int] = []
+
+    def log(self, msg: str) -> None:
+        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} supervisor: {msg}", file=self.out, flush=True)
+
+    def save(self) -> None:
+        tmp = self.p["state"] + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.state, f)
+        os.replace(tmp, self.p["state"])
+
+    # -- HAProxy processes --
+    def watch(self, pid: int) -> bool:
+        try:
+            self.pidfds[pid] = os.pidfd_open(pid)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def adopt(self) -> None:
+        """Keep the HAProxy processes of a supervisor that was restarted (recorded and still ours)."""
+        current = self.state.get("haproxy")
+        draining = [p for p in self.state.get("draining", []) if is_our_haproxy(p, self.p["cfg"]) and self.watch(p)]
+        self.state["draining"] = draining
+        if current and is_our_haproxy(current, self.p["cfg"]) and self.watch(current):
+            self.log(f"adopted running HAProxy pid {current}")
+        else:
+            self.state["haproxy"] = None
+
+    def spawn(self, extra: list[str]) -> subprocess.Popen:
+        argv = ["haproxy", "-db", "-f", self.p["cfg"], *extra]
+        with open(self.p["log"], "ab") as logf:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
+        self.children[proc.pid] = proc
+        self.watch(proc.pid)
+        return proc
+
+    def answers(self, pid: int) -> bool:
+        try:
+            return int(stats.info(self.p["sock"], timeout=0.5).get("Pid", 0)) == pid
+        except (OSError, ValueError):
+            return False
+
+    def wait_ready(self, proc: subprocess.Popen) -> str | None:
+        """None once proc answers on the stats socket; else why not."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return f"HAProxy exited with {proc.returncode} (see {self.p['log']})"
+            if self.answers(proc.pid):
+                return None
+            time.sleep(0.02)
+        return f"HAProxy did not answer on {self.p['sock']} within {READY_TIMEOUT:g}s"
+
+    def start(self) -> None:
+        if not os.path.exists(self.p["cfg"]):
+            raise SystemExit(f"{self.p['cfg']} is gone: the instance was taken down; exiting")
+        proc = self.spawn([])
+        self.state.update(haproxy=proc.pid, ready=False)
+        self.save()
+        why = self.wait_ready(proc)
+        if why:
+            self.fails += 1
+            self.log(f"HAProxy pid {proc.pid} did not come up: {why}")
+            self.stop_pid(proc.pid)
+            self.state.update(haproxy=None, last_exit={"pid": proc.pid, "at": time.time(), "why": why})
+        else:
+            self.fails = 0
+            self.state["ready"] = True
+            self.log(f"HAProxy pid {proc.pid} is up")
+        self.save()
+
+    def stop_pid(self, pid: int, sig: int = signal.SIGTERM) -> None:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + STOP_GRACE
+        while time.monotonic() < deadline and is_our_haproxy(pid, self.p["cfg"]):
+            self.reap()
+            time.sleep(0.02)
+        if is_our_haproxy(pid, self.p["cfg"]):
+            os.kill(pid, signal.SIGKILL)
+        self.forget(pid)
+
+    def forget(self, pid: int) -> None:
+        fd = self.pidfds.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
+        proc = self.children.pop(pid, None)
+        if proc is not None:
+            proc.poll()
+
+    def reap(self) -> None:
+        for pid, proc in list(self.children.items()):
+            proc.poll()
+            if proc.returncode is not None and pid not in self.pidfds:
+                self.children.pop(pid)
+
+    def exited(self, pid: int) -> None:
+        proc = self.children.get(pid)
+        code = proc.wait() if proc else None
+        self.forget(pid)
+        if pid in self.state["draining"]:
+            self.state["draining"].remove(pid)
+            self.log(f"old HAProxy pid {pid} finished its connections")
+        elif pid == self.state["haproxy"]:
+            self.state.update(haproxy=None, ready=False, restarts=self.state["restarts"] + 1,
+                              last_exit={"pid": pid, "at": time.time(), "code": code})
+            self.log(f"HAProxy pid {pid} died (exit {code}): new flows fail open until it is back")
+        self.save()
+
+    # -- reload --
+    def reload(self) -> None:
+        gen = self.state["generation"] + 1
+        check = subprocess.run(["haproxy", "-c", "-q", "-f", self.p["cfg"]], capture_output=True, text=True)
+        if check.returncode != 0:
+            self.finish_reload(gen, False, f"config check failed: {check.stderr.strip() or check.stdout.strip()}")
+            return
+        old = haproxy_pids(self.state)
+        extra = ["-x", self.p["sock"], "-sf", *map(str, old)] if self.state["haproxy"] else []
+        proc = self.spawn(extra)
+        why = self.wait_ready(proc)
+        if why:
+            self.stop_pid(proc.pid)
+            self.finish_reload(gen, False, why)
+            return
+        if self.state["haproxy"]:
+            self.state["draining"].append(self.state["haproxy"])
+        self.state.update(haproxy=proc.pid, ready=True)
+        self.finish_reload(gen, True, f"HAProxy pid {proc.pid} took over from {old or 'none'}")
+
+    def finish_reload(self, gen: int, ok: bool, detail: str) -> None:
+        self.state.update(generation=gen, last_reload={"ok": ok, "at": time.time(), "detail": detail})
+        self.log(f"reload {gen}: {'done' if ok else 'FAILED'}: {detail}")
+        self.save()
+
+    # -- the loop --
+    def on_signal(self, signum, _frame) -> None:
+        self.signals.append(signum)
+        try:
+            os.write(self.wake_w, b"!")
+        except BlockingIOError:
+            pass
+
+    def run(self) -> int:
+        drop_effective_caps()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self.on_signal)
+        with open(self.p["pid"] + ".tmp", "w") as f:
+            f.write(f"{os.getpid()}\n")
+        os.replace(self.p["pid"] + ".tmp", self.p["pid"])
+        self.log(f"started (pid {os.getpid()})")
+        self.adopt()
+        self.state["ready"] = bool(self.state["haproxy"])
+        self.save()
+        while True:
+            if self.signals:
+                sig = self.signals.pop(0)
+                if sig == signal.SIGHUP:
+                    self.reload()
+                    continue
+                return self.shutdown()
+            if not self.state["haproxy"]:
+                delay = min(RESTART_MAX_DELAY, 0.05 * (2 ** self.fails)) if self.fails else 0
+                if delay and self.sleep(delay):
+                    continue
+                self.start()
+                continue
+            ready, _, _ = select.select([self.wake_r, *self.pidfds.values()], [], [], 5.0)
+            if self.wake_r in ready:
+                while True:
+                    try:
+                        os.read(self.wake_r, 64)
+                    except BlockingIOError:
+                        break
+            for pid, fd in list(self.pidfds.items()):
+                if fd in ready:
+                    self.exited(pid)
+            self.reap()
+
+    def sleep(self, seconds: float) -> bool:
+        """Waits seconds; True if a signal came meanwhile."""
+        ready, _, _ = select.select([self.wake_r], [], [], seconds)
+        return bool(ready) or bool(self.signals)
+
+    def shutdown(self) -> int:
+        self.log("stopping HAProxy and exiting")
+        for pid in haproxy_pids(self.state):
+            self.stop_pid(pid)
+        self.state.update(haproxy=None, draining=[], ready=False)
+        self.save()
+        return 0
+
+
+def main(instance_dir: str) -> int:
+    if not os.path.isdir(os.path.join(instance_dir, "proxy")):
+        print(f"pepctl supervise: {instance_dir}/proxy is no folder: is the instance up?", file=sys.stderr)
+        return 2
+    return Supervisor(instance_dir).run()

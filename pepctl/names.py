@@ -1,0 +1,142 @@
+"""Every name an instance makes, in one place: namespaces, links, ifindexes, files, pins, units.
+
+Whatever `up` creates is named here and nowhere else, so `down`, `status`, the supervisor and
+the lab all find the same things. Every name carries the instance name, so two instances
+(or two labs, or two test runs) on one host never share one.
+
+    run_dir/INSTANCE.journal        what `up` made, newest last (pepctl/runner.py Journal)
+    run_dir/INSTANCE.lock           held by up, down, reload and bypass (pepctl/lock.py)
+    run_dir/INSTANCE/               the instance's folder (root, group of the proxy's user)
+        haproxy.cfg                 HAProxy's config, every graph in it
+        GRAPH.nft                   nft interception table of a graph (mode nft)
+        GRAPH.bypass.rules          live bypass rules of a graph (`pepctl bypass add`)
+        keeper.pid, keeper.log      the supervisor's keeper (hosts without systemd, the lab)
+        proxy/                      owned by the proxy's user: what the supervisor and HAProxy write
+            supervisor.pid, supervisor.json, supervisor.log
+            haproxy.sock, haproxy.log
+    bpf_dir/INSTANCE/steer/{prog,maps}   tc/steer.o: VLAN steering on the NIC
+    bpf_dir/INSTANCE/flow/{prog,maps}    tc/flow.o: interception, bypass and fail-open in the graphs
+    namespace INSTANCE-GRAPH        a graph; inside it c_in (access side), s_in (origin side)
+    host links INSTANCEc<vlan>, INSTANCEs<vlan>   the host's ends of c_in and s_in
+    nft table pep_INSTANCE          inside a graph's namespace (mode nft)
+    systemd unit pep-supervisor@<run folder, escaped>.service
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .config import Config, Graph
+from .flow_maps import ifindexes
+
+C_IN, S_IN = "c_in", "s_in"
+LOCAL_TABLE = 100      # routing table that delivers everything locally: where intercepted packets go
+RULE_PREF = 100        # preference of the policy rules that send packets there
+TRUNK_PREF = 10        # tc filter preference of trunk_ingress on the NIC
+PORT_PREF = 10         # ... of port_ingress on c_out / s_out
+FLOW_PREF = 20         # ... of flow_ingress on c_in / s_in
+SUPERVISOR_UNIT = "pep-supervisor@.service"
+
+
+@dataclass(frozen=True)
+class InstanceNames:
+    instance: str
+    run_dir: str          # host.run_dir: holds the journal and the lock beside the folder
+    dir: str              # the instance's folder
+    proxy_dir: str        # the proxy user's folder inside it
+    journal: str
+    lock: str
+    pins: str             # bpf_dir/INSTANCE
+    steer_pins: str
+    flow_pins: str
+    haproxy_cfg: str
+    haproxy_sock: str
+    haproxy_log: str
+    keeper_pid: str
+    keeper_log: str
+    supervisor_pid: str
+    supervisor_state: str
+    supervisor_log: str
+
+
+@dataclass(frozen=True)
+class GraphNames:
+    graph: str
+    slot: int             # the graph's place in the config: its slot in the flow maps
+    netns: str
+    c_out: str
+    s_out: str
+    c_in_ifindex: int
+    s_in_ifindex: int
+    proxy: str            # HAProxy frontend and backend
+    nft_table: str
+    nft_file: str
+    live_rules: str
+
+
+def instance_names(cfg: Config) -> InstanceNames:
+    inst, run = cfg.host.instance, cfg.host.run_dir
+    d = os.path.join(run, inst)
+    proxy = os.path.join(d, "proxy")
+    pins = os.path.join(cfg.host.bpf_dir, inst)
+    return InstanceNames(
+        instance=inst, run_dir=run, dir=d, proxy_dir=proxy,
+        journal=os.path.join(run, f"{inst}.journal"),
+        lock=os.path.join(run, f"{inst}.lock"),
+        pins=pins, steer_pins=os.path.join(pins, "steer"), flow_pins=os.path.join(pins, "flow"),
+        haproxy_cfg=os.path.join(d, "haproxy.cfg"),
+        haproxy_sock=os.path.join(proxy, "haproxy.sock"),
+        haproxy_log=os.path.join(proxy, "haproxy.log"),
+        keeper_pid=os.path.join(d, "keeper.pid"),
+        keeper_log=os.path.join(d, "keeper.log"),
+        supervisor_pid=os.path.join(proxy, "supervisor.pid"),
+        supervisor_state=os.path.join(proxy, "supervisor.json"),
+        supervisor_log=os.path.join(proxy, "supervisor.log"),
+    )
+
+
+def graph_names(cfg: Config, g: Graph) -> GraphNames:
+    inst = cfg.host.instance
+    d = os.path.join(cfg.host.run_dir, inst)
+    c_in, s_in = ifindexes(g.index)
+    return GraphNames(
+        graph=g.name, slot=g.index,
+        netns=f"{inst}-{g.name}",
+        c_out=f"{inst}c{g.access.vlan}",
+        s_out=f"{inst}s{g.origin.vlan}",
+        c_in_ifindex=c_in, s_in_ifindex=s_in,
+        proxy=f"graph_{g.name}",
+        nft_table=f"pep_{inst}",
+        nft_file=os.path.join(d, f"{g.name}.nft"),
+        live_rules=os.path.join(d, f"{g.name}.bypass.rules"),
+    )
+
+
+def supervisor_unit(n: InstanceNames) -> str:
+    """pep-supervisor@<escaped instance folder>.service: `systemd-escape --path` of the folder,
+    which the unit gets back unescaped as %f."""
+    return SUPERVISOR_UNIT.replace("@", "@" + systemd_escape_path(n.dir))
+
+
+def systemd_escape_path(path: str) -> str:
+    """systemd-escape --path: strip slashes at both ends, "/" -> "-", other specials -> \\xNN."""
+    out = []
+    for i, ch in enumerate(path.strip("/")):
+        if ch == "/":
+            out.append("-")
+        elif ch.isascii() and (ch.isalnum() or ch in "_:" or (ch == "." and i > 0)):
+            out.append(ch)
+        else:
+            out.extend(f"\\x{b:02x}" for b in ch.encode())
+    return "".join(out) or "-"
+
+
+def netns_path(ns: str) -> str:
+    return f"/run/netns/{ns}"
+
+
+def in_netns(ns: str | None, argv: list[str]) -> list[str]:
+    """Run argv in network namespace ns (None: here). nsenter --net, not `ip netns exec`: the
+    latter remounts /sys and hides the pins under /sys/fs/bpf."""
+    return argv if ns is None else ["nsenter", f"--net={netns_path(ns)}", *argv]

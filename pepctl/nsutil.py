@@ -1,0 +1,118 @@
+"""Working inside a graph's network namespace from pepctl's own process, without a subprocess.
+
+setns(CLONE_NEWNET) moves only the calling thread, so each call runs on a short-lived thread
+that joins the namespace: /proc/sys/net and new sockets there belong to that namespace, and
+pepctl's main thread stays where it is. This is how `up` sets a namespace's sysctls (a dozen
+per graph, for a thousand graphs) and how `status` asks the kernel, over sock_diag, whether
+a graph's proxy listener exists.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shlex
+import socket
+import struct
+import threading
+
+from .names import netns_path
+from .runner import Call, action
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def in_netns(ns: str | None, fn, *args):
+    """fn(*args) on a thread inside namespace ns (None: here); returns its result or raises."""
+    if ns is None:
+        return fn(*args)
+    box: dict = {}
+
+    def body():
+        try:
+            fd = os.open(netns_path(ns), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if _libc.setns(fd, CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns into namespace {ns}: {os.strerror(err)}")
+            finally:
+                os.close(fd)
+            box["result"] = fn(*args)
+        except BaseException as e:   # handed to the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=body, name=f"netns-{ns}")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def _write_sysctls(pairs: list[tuple[str, str]]) -> None:
+    for key, value in pairs:
+        path = "/proc/sys/" + key.replace(".", "/")
+        try:
+            with open(path, "w") as f:
+                f.write(value)
+        except OSError as e:
+            raise OSError(e.errno, f"sysctl {key}={value}: {e.strerror}") from None
+
+
+@action("sysctls")
+def set_sysctls(ns: str | None, pairs: list) -> None:
+    in_netns(ns, _write_sysctls, [tuple(p) for p in pairs])
+
+
+def sysctls_step_call(ns: str | None, pairs: list[tuple[str, str]]) -> Call:
+    words = " ".join(shlex.quote(f"{k}={v}") for k, v in pairs)
+    where = f"nsenter --net={netns_path(ns)} " if ns else ""
+    return Call("sysctls", (ns, [list(p) for p in pairs]), f"{where}sysctl -q -w {words}")
+
+
+# -- sock_diag: which TCP sockets listen ----------------------------------------------------------
+NETLINK_SOCK_DIAG = 4
+SOCK_DIAG_BY_FAMILY = 20
+NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
+NLMSG_DONE, NLMSG_ERROR = 3, 2
+TCP_LISTEN = 10
+_NLMSGHDR = struct.Struct("=IHHII")
+# struct inet_diag_req_v2: family, protocol, ext, pad, states, then inet_diag_sockid
+# (sport, dport: big endian; src[4], dst[4]: 16 bytes each; if; cookie[2])
+_REQ = struct.Struct("=BBBxI")
+_SOCKID = struct.Struct(">HH16s16sIQ")
+# struct inet_diag_msg: family, state, timer, retrans, then inet_diag_sockid, ...
+_MSG_HEAD = struct.Struct("=BBBB")
+
+
+def _dump_listeners(family: int) -> list[int]:
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
+    try:
+        req = _REQ.pack(family, socket.IPPROTO_TCP, 0, 1 << TCP_LISTEN) + _SOCKID.pack(0, 0, bytes(16), bytes(16),
+                                                                                      0, 0)
+        s.sendto(_NLMSGHDR.pack(_NLMSGHDR.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
+                 + req, (0, 0))
+        ports = []
+        while True:
+            data = s.recv(65536)
+            off = 0
+            while off + _NLMSGHDR.size <= len(data):
+                length, kind, _, _, _ = _NLMSGHDR.unpack_from(data, off)
+                if kind == NLMSG_DONE:
+                    return ports
+                if kind == NLMSG_ERROR:
+                    err = -struct.unpack_from("=i", data, off + _NLMSGHDR.size)[0]
+                    raise OSError(err, f"sock_diag dump: {os.strerror(err)}")
+                body = off + _NLMSGHDR.size + _MSG_HEAD.size
+                ports.append(_SOCKID.unpack_from(data, body)[0])
+                off += (length + 3) & ~3
+    finally:
+        s.close()
+
+
+def listening_ports(ns: str | None) -> set[int]:
+    """The TCP ports something listens on in namespace ns, IPv4 or IPv6."""
+    def both():
+        return set(_dump_listeners(socket.AF_INET)) | set(_dump_listeners(socket.AF_INET6))
+    return in_netns(ns, both)

@@ -1,0 +1,246 @@
+"""Starting and stopping an instance's proxy supervisor, under systemd or under pepctl's keeper.
+
+The supervisor (haproxy/supervise.py) is described once, by its systemd unit
+etc/systemd/pep-supervisor@.service: who it runs as, with which capabilities, how it is
+restarted. On a host run by systemd, `up` starts that unit and systemd does the rest. Where
+there is no systemd (the lab, containers), `up` starts pepctl's keeper, which reads the same
+unit and does what systemd would for it:
+
+  - ExecStart, with %f the instance's folder and /opt/pep this checkout;
+  - User, Group, AmbientCapabilities, CapabilityBoundingSet, NoNewPrivileges, applied with
+    setpriv(1) (util-linux);
+  - Restart=always after RestartSec: a dead supervisor is started again, and adopts the
+    HAProxy that kept running;
+  - a child subreaper, so an orphaned HAProxy is reaped, as systemd's cgroup would.
+
+The keeper exits when the instance's journal is gone (the instance was taken down), so a
+keeper that `down` could not find stops by itself at its next restart.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from haproxy.supervise import haproxy_pids, is_our_haproxy, read_state
+
+from .names import SUPERVISOR_UNIT, InstanceNames, supervisor_unit
+from .runner import Call, StepError, action, pid_alive, read_pid, run, stop_pid
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+UNIT_FILE = os.path.join(REPO, "etc", "systemd", SUPERVISOR_UNIT)
+INSTALLED_AT = "/opt/pep"        # where the unit files expect the checkout
+PEPCTL = os.path.join(REPO, "scripts", "pepctl")
+PR_SET_CHILD_SUBREAPER = 36
+READY_TIMEOUT = 60.0
+
+
+def read_unit(path: str = UNIT_FILE) -> dict[str, list[str]]:
+    """The [Service] section of a unit: key -> its values, in order (keys may repeat)."""
+    out: dict[str, list[str]] = {}
+    section = None
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line[0] in "#;":
+                continue
+            if line.startswith("["):
+                section = line.strip("[]")
+            elif section == "Service" and "=" in line:
+                key, _, value = line.partition("=")
+                out.setdefault(key.strip(), []).append(value.strip())
+    return out
+
+
+def unit_value(unit: dict[str, list[str]], key: str, default: str = "") -> str:
+    return unit.get(key, [default])[-1]
+
+
+def unit_user(unit: dict[str, list[str]] | None = None) -> str:
+    return unit_value(unit or read_unit(), "User", "root")
+
+
+def _seconds(text: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(ms|s|min)?", text)
+    if not m:
+        raise ValueError(f"{UNIT_FILE}: RestartSec={text}: not a time span this keeper reads (e.g. 100ms, 1s)")
+    return float(m.group(1)) * {"ms": 0.001, "s": 1, None: 1, "min": 60}[m.group(2)]
+
+
+def supervisor_argv(unit: dict[str, list[str]], instance_dir: str) -> list[str]:
+    """The unit's ExecStart for this instance, run under its user and capabilities by setpriv."""
+    exec_start = unit_value(unit, "ExecStart").replace("%f", instance_dir).replace(INSTALLED_AT, REPO).split()
+    caps = ",".join(f"+{c.lower().removeprefix('cap_')}" for c in unit_value(unit, "AmbientCapabilities").split())
+    bounding = ",".join(f"+{c.lower().removeprefix('cap_')}" for c in
+                        unit_value(unit, "CapabilityBoundingSet").split())
+    user, group = unit_user(unit), unit_value(unit, "Group", unit_user(unit))
+    argv = ["setpriv", f"--reuid={user}", f"--regid={group}", "--init-groups"]
+    if caps:
+        argv += [f"--inh-caps=-all,{caps}", f"--ambient-caps=-all,{caps}"]
+    if bounding:
+        argv.append(f"--bounding-set=-all,{bounding}")
+    if unit_value(unit, "NoNewPrivileges") in ("yes", "true", "1"):
+        argv.append("--no-new-privs")
+    return [*argv, "--", *exec_start]
+
+
+def _runs(pid: int, *words: str) -> bool:
+    """pid is alive and its command line holds every word: a recorded PID not reused since."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    return pid_alive(pid) and all(w in argv for w in words)
+
+
+# -- the keeper -----------------------------------------------------------------------------------
+def keep(instance_dir: str, journal: str) -> int:
+    """Run the supervisor as its unit says, and again whenever it exits, until told to stop."""
+    unit = read_unit()
+    argv = supervisor_argv(unit, instance_dir)
+    delay = _seconds(unit_value(unit, "RestartSec", "100ms"))
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    stopping: list[int] = []
+    child: subprocess.Popen | None = None
+
+    def on_term(signum, _frame):
+        stopping.append(signum)
+        if child is not None and child.returncode is None:
+            try:
+                child.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+
+    def log(msg: str) -> None:
+        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} keeper: {msg}", flush=True)
+
+    log(f"keeping {' '.join(argv)}")
+    while not stopping:
+        if not os.path.exists(journal):
+            log(f"{journal} is gone: the instance was taken down; exiting")
+            break
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        while True:
+            pid, status = os.waitpid(-1, 0)    # also reaps orphaned HAProxy processes
+            if pid == child.pid:
+                child.returncode = os.waitstatus_to_exitcode(status)
+                break
+        if stopping:
+            break
+        log(f"supervisor pid {child.pid} exited ({child.returncode}); restarting in {delay:g}s")
+        time.sleep(delay)
+    # Reap what is left (a HAProxy the stopped supervisor was stopping).
+    try:
+        while os.waitpid(-1, 0)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+    log("stopped")
+    return 0
+
+
+# -- start and stop, as plan actions --------------------------------------------------------------
+def backend(choice: str) -> str:
+    """"systemd" or "pepctl": what keeps the supervisor running on this host."""
+    if choice != "auto":
+        return choice
+    return "systemd" if os.path.isdir("/run/systemd/system") else "pepctl"
+
+
+def start_call(n: InstanceNames, how: str) -> tuple[Call, Call]:
+    unit = supervisor_unit(n)
+    shown = f"systemctl start {unit}" if how == "systemd" else \
+        f"{PEPCTL} keep {n.dir} {n.journal} >{n.keeper_log} 2>&1 &   # pid -> {n.keeper_pid}"
+    start = Call("start_supervisor", (how, n.dir, n.journal, n.keeper_pid, n.keeper_log, n.supervisor_state,
+                                      n.haproxy_log, unit), shown)
+    stop = Call("stop_supervisor", (how, n.dir, n.keeper_pid, n.supervisor_pid, n.supervisor_state, unit),
+                f"stop {unit if how == 'systemd' else 'the keeper'}, the supervisor and HAProxy")
+    return start, stop
+
+
+@action("start_supervisor")
+def start_supervisor(how: str, instance_dir: str, journal: str, keeper_pid: str, keeper_log: str,
+                     state_path: str, haproxy_log: str, unit: str) -> None:
+    if how == "systemd":
+        run(["systemctl", "start", unit])
+    else:
+        with open(keeper_log, "ab") as logf:
+            proc = subprocess.Popen([PEPCTL, "keep", instance_dir, journal], stdin=subprocess.DEVNULL,
+                                    stdout=logf, stderr=logf, start_new_session=True)
+        with open(keeper_pid, "w") as f:
+            f.write(f"{proc.pid}\n")
+
+    def ready() -> bool:
+        state = read_state(state_path)
+        return bool(state.get("ready") and state.get("haproxy") and pid_alive(state["haproxy"]))
+
+    deadline = time.monotonic() + READY_TIMEOUT
+    while not ready():
+        if time.monotonic() > deadline:
+            tail = ""
+            for path in (keeper_log, haproxy_log):
+                try:
+                    with open(path, errors="replace") as f:
+                        tail += f"\n--- {path}:\n" + f.read()[-1500:]
+                except OSError:
+                    pass
+            raise StepError(f"the proxy supervisor did not report HAProxy up within {READY_TIMEOUT:g}s{tail}")
+        time.sleep(0.05)
+
+
+@action("stop_supervisor")
+def stop_supervisor(how: str, instance_dir: str, keeper_pid: str, supervisor_pid: str, state_path: str,
+                    unit: str) -> None:
+    """Stops the keeper (or the unit), then whatever of the supervisor and HAProxy is left, each by
+    its recorded PID and only if that PID still runs what we started."""
+    if how == "systemd":
+        run(["systemctl", "stop", unit], check=False)
+    else:
+        pid = read_pid(keeper_pid)
+        if pid and _runs(pid, "keep", instance_dir):
+            stop_pid(pid, grace=15)
+    pid = read_pid(supervisor_pid)
+    if pid and _runs(pid, "supervise", instance_dir):
+        stop_pid(pid, grace=10)
+    cfg = os.path.join(instance_dir, "haproxy.cfg")
+    for pid in haproxy_pids(read_state(state_path)):
+        if is_our_haproxy(pid, cfg):
+            stop_pid(pid, grace=5)
+    for path in (keeper_pid,):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def processes(n: InstanceNames) -> dict:
+    """Who is running: keeper, supervisor, HAProxy (current and draining), from the recorded PIDs."""
+    state = read_state(n.supervisor_state)
+    keeper = read_pid(n.keeper_pid)
+    sup = read_pid(n.supervisor_pid)
+    cfg = n.haproxy_cfg
+    return {
+        "keeper": {"pid": keeper, "running": bool(keeper and _runs(keeper, "keep", n.dir))},
+        "supervisor": {"pid": sup, "running": bool(sup and _runs(sup, "supervise", n.dir))},
+        "haproxy": {"pid": state.get("haproxy"),
+                    "running": bool(state.get("haproxy") and is_our_haproxy(state["haproxy"], cfg)),
+                    "draining": [p for p in state.get("draining", []) if is_our_haproxy(p, cfg)]},
+        "restarts": state.get("restarts", 0), "last_exit": state.get("last_exit"),
+        "generation": state.get("generation", 0), "last_reload": state.get("last_reload"),
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: pepctl keep INSTANCE_DIR JOURNAL (started by `pepctl up`)", file=sys.stderr)
+        return 2
+    return keep(*argv)
