@@ -158,14 +158,20 @@ MALFORMED = [
      "graph[0].proxy.ports", '"all"', "needs a list of ports"),
     ("listen_port is intercepted", edit(("ports = [80, 443]", 'ports = [80, "50000-50100"]')),
      "graph[0].proxy.listen_port", "50080", "outside ports"),
-    ("metrics_port is listen_port", edit(("ports = [80, 443]", "metrics_port = 50080")),
-     "graph[0].proxy.metrics_port", "50080", "collides with listen_port"),
+    ("metrics_port in a graph", edit(("ports = [80, 443]", "metrics_port = 50080")),
+     "graph[0].proxy.metrics_port", "50080", "moved to [host]"),
+    ("bad metrics address", edit(('nic = "eth1"', 'nic = "eth1"\nmetrics_address = "localhost"')),
+     "host.metrics_address", '"localhost"', "not an IP address"),
+    ("metrics port out of range", edit(('nic = "eth1"', 'nic = "eth1"\nmetrics_port = 70000')),
+     "host.metrics_port", "70000", "1-65535"),
+    ("unknown supervisor", edit(('nic = "eth1"', 'nic = "eth1"\nsupervisor = "runit"')),
+     "host.supervisor", '"runit"', '"auto", "systemd", "pepctl"'),
     ("unknown splice", edit(("ports = [80, 443]", 'splice = "yes"')), "graph[0].proxy.splice", '"yes"',
      '"both", "auto", "off"'),
     ("unknown mode", edit(("ports = [80, 443]", 'mode = "udp"')), "graph[0].proxy.mode", '"udp"',
      '"tcp", "http"'),
     ("unknown interception", edit(("ports = [80, 443]", 'interception = "ebpf"')),
-     "graph[0].proxy.interception", '"ebpf"', '"nft", "route"'),
+     "graph[0].proxy.interception", '"ebpf"', '"bpf", "nft", "route"'),
     ("duplicate graph names", edit(extra=GRAPH2.replace('name = "g2"', 'name = "g1"')), "graph[1].name",
      '"g1"', "already the name of graph[0]"),
     ("default name collides", edit(('name = "g1"', 'name = "g1"')) + GRAPH2.replace('name = "g2"\n', ""),
@@ -173,10 +179,16 @@ MALFORMED = [
     ("bad graph name", edit(('name = "g1"', 'name = "G_1"')), "graph[0].name", '"G_1"', "a-z, 0-9"),
     ("no graphs", BASE.split("[[graph]]")[0], "graph", None, "add at least one [[graph]]"),
     ("[graph] instead of [[graph]]", BASE.replace("[[graph]]", "[graph]"), "graph", None, "write [[graph]]"),
-    ("negative threads", edit(("ports = [80, 443]", "threads = -1")), "graph[0].proxy.threads", "-1",
+    ("threads in a graph", edit(("ports = [80, 443]", "threads = 2")), "graph[0].proxy.threads", "2",
+     "moved to [host]"),
+    ("negative threads", edit(('nic = "eth1"', 'nic = "eth1"\nthreads = -1')), "host.threads", "-1",
      "0 for one per CPU"),
-    ("too many threads", edit(("ports = [80, 443]", "threads = 65")), "graph[0].proxy.threads", "65",
+    ("too many threads", edit(('nic = "eth1"', 'nic = "eth1"\nthreads = 65')), "host.threads", "65",
      "1-64"),
+    ("negative host maxconn", edit(('nic = "eth1"', 'nic = "eth1"\nmaxconn = -5')), "host.maxconn", "-5",
+     "must not be negative"),
+    ("bpf listen_port intercepted", edit(("ports = [80, 443]", "ports = [80, 50080]")),
+     "graph[0].proxy.listen_port", "50080", "is also an intercepted port"),
     ("negative maxconn", edit(("ports = [80, 443]", "maxconn = -1")), "graph[0].proxy.maxconn", "-1",
      "must not be negative"),
     ("bad default", edit(extra='[defaults.proxy]\nmode = "udp"\n'), "defaults.proxy.mode", '"udp"',
@@ -249,8 +261,9 @@ def test_defaults():
     assert (g.access.initcwnd, g.origin.initcwnd) == (32, 0), "initcwnd: 32 toward subscribers, kernel's to origin"
     assert g.access.gateways == ()
     p = g.proxy
-    assert (p.enabled, p.interception, p.listen_port, p.splice, p.mode) == (True, "nft", 50080, "both", "tcp")
-    assert (p.threads, p.maxconn, p.log_connections, p.metrics_port) == (0, 0, False, 9101)
+    assert (p.enabled, p.interception, p.listen_port, p.splice, p.mode) == (True, "bpf", 50080, "both", "tcp")
+    assert (p.maxconn, p.log_connections) == (0, False)
+    assert (h.supervisor, h.threads, h.maxconn, h.metrics_address, h.metrics_port) == ("auto", 0, 0, "127.0.0.1", 9101)
     assert p.ports == ((80, 80), (443, 443))
 
 

@@ -1,7 +1,8 @@
 """The HAProxy and nftables renderers: the text they write, checked by the real tools.
 
-Each rendered HAProxy config goes through `haproxy -c` (no root needed: the
-check binds nothing), and must pass with no warning. Each nft script goes
+Each rendered HAProxy config goes through `haproxy -c`, and must pass with no
+warning; the check binds nothing but opens the graphs' namespaces, so it runs
+as root with two throwaway ones. Each nft script goes
 through `nft -c` inside a throwaway network namespace (`unshare -n`, root
 only), and is then loaded there for real, twice, to show a reload replaces
 the table in one transaction and the named counters exist. The namespace is
@@ -22,8 +23,9 @@ import tempfile
 
 import pytest
 
+from haproxy.render import GraphProxy, Process
+from haproxy.render import render as render_haproxy
 from pepctl.config import Graph, parse
-from pepctl.render_haproxy import render_haproxy
 from pepctl.render_nft import COUNTERS, render_nft
 
 CONFIG = """\
@@ -39,6 +41,7 @@ addresses = ["198.18.0.1/24", "2001:2:0:1::1/64"]
 vlan = 200
 addresses = ["198.19.0.1/24", "2001:2:0:2::1/64"]
 [graph.proxy]
+interception = "nft"
 ports = [80, 443, "8000-8080"]
 """
 GRAPH = parse(CONFIG, "test.toml").graphs[0]
@@ -68,12 +71,19 @@ def haproxy_check(text: str, workdir: str) -> subprocess.CompletedProcess:
     return subprocess.run([HAPROXY, "-c", "-f", path], capture_output=True, text=True, timeout=30)
 
 
-def render(g: Graph, workdir: str = "/run/pep/pep1/g1", cpus=(0, 1), maxconn=7000) -> str:
-    return render_haproxy(g, instance="pep1", graph_dir=workdir, cpus=list(cpus), maxconn=maxconn)
+def gp(name: str = "graph_g1", **kw) -> GraphProxy:
+    base = {"name": name, "netns": "pep1-g1", "ports": ("50080",), "mode": "tcp", "splice": "both", "maxconn": 7000,
+            "log_connections": False}
+    return GraphProxy(**{**base, **kw})
+
+
+def render(*graphs: GraphProxy, sock: str = "/run/pep/pep1/proxy/haproxy.sock", cpus=(0, 1), maxconn=7000,
+           metrics: str | None = "127.0.0.1:9101") -> str:
+    return render_haproxy(Process("instance pep1", tuple(cpus), maxconn, sock, metrics), list(graphs or [gp()]))
 
 
 def section(text: str, header: str) -> list[str]:
-    """The stripped lines of one section (`frontend intercept`), without its header."""
+    """The stripped lines of one section (`frontend graph_g1`), without its header."""
     lines = text.splitlines()
     start = lines.index(header) + 1
     out = []
@@ -84,45 +94,72 @@ def section(text: str, header: str) -> list[str]:
     return out
 
 
-COMBOS = list(itertools.product(("tcp", "http"), ("nft", "route"), ("both", "auto", "off")))
+@pytest.fixture(scope="module")
+def graph_namespaces():
+    """haproxy -c opens the namespace of every `namespace` keyword: two throwaway ones (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("haproxy -c opens the graphs' namespaces: creating them needs root")
+    names = [f"pcf{RUN_ID}-g1", f"pcf{RUN_ID}-g2"]
+    for n in names:
+        subprocess.run(["ip", "netns", "add", n], check=True)
+    yield names
+    for n in names:
+        subprocess.run(["ip", "netns", "del", n], check=True)
+
+
+COMBOS = list(itertools.product(("tcp", "http"), (("50080",), ("80", "8000-8080")), ("both", "auto", "off")))
 
 
 @needs_haproxy
-@pytest.mark.parametrize("mode,interception,splice", COMBOS, ids=["-".join(c) for c in COMBOS])
-def test_haproxy_accepts_rendered_config(mode, interception, splice, workdir):
-    text = render(graph(mode=mode, interception=interception, splice=splice, log_connections=mode == "http"),
-                  workdir)
+@pytest.mark.parametrize("mode,ports,splice", COMBOS, ids=["-".join((c[0], c[1][0], c[2])) for c in COMBOS])
+def test_haproxy_accepts_rendered_config(mode, ports, splice, workdir, graph_namespaces):
+    g1, g2 = graph_namespaces
+    text = render(gp(netns=g1, mode=mode, ports=ports, splice=splice, log_connections=mode == "http"),
+                  gp("graph_g2", netns=g2, mode="tcp", maxconn=10), sock=f"{workdir}/h.sock")
     proc = haproxy_check(text, workdir)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"haproxy -c rejected the {mode}/{interception}/{splice} config:\n{out}\n{text}"
+    assert proc.returncode == 0, f"haproxy -c rejected the {mode}/{ports}/{splice} config:\n{out}\n{text}"
     assert "[WARNING]" not in out and "[ALERT]" not in out, f"haproxy -c warned:\n{out}\n{text}"
 
 
 @needs_haproxy
-def test_haproxy_check_can_fail(workdir):
-    text = render(GRAPH, workdir).replace(" transparent", " transparnet")
+def test_haproxy_check_can_fail(workdir, graph_namespaces):
+    text = render(gp(netns=graph_namespaces[0]), sock=f"{workdir}/h.sock").replace(" transparent", " transparnet")
     proc = haproxy_check(text, workdir)
     assert proc.returncode != 0, "haproxy -c accepted a misspelt bind keyword: the check proves nothing"
 
 
 def test_haproxy_global():
-    text = render(graph(log_connections=False), cpus=[3, 1, 2], maxconn=1234)
+    text = render(cpus=[3, 1, 2], maxconn=1234)
     g = section(text, "global")
     assert "nbthread 3" in g
     # Thread i runs on cpus[i], in the caller's order.
     assert [x for x in g if x.startswith("cpu-map")] == ["cpu-map 1/1 3", "cpu-map 1/2 1", "cpu-map 1/3 2"]
     assert "maxconn 1234" in g
-    assert "stats socket /run/pep/pep1/g1/haproxy.sock mode 600 level admin expose-fd listeners" in g
+    assert "stats socket /run/pep/pep1/proxy/haproxy.sock mode 660 level admin expose-fd listeners" in g
     assert "log stdout format raw local0 notice" in g
     assert not any("tcplog" in x or "httplog" in x for x in text.splitlines())
+    assert "daemon" not in g and "master-worker" not in g, "HAProxy runs in the foreground under its supervisor"
+
+
+def test_every_graph_has_its_own_frontend_backend_and_maxconn():
+    text = render(gp(maxconn=100), gp("graph_g2", netns="pep1-g2", maxconn=200))
+    for name, ns, maxconn in (("graph_g1", "pep1-g1", 100), ("graph_g2", "pep1-g2", 200)):
+        fe, be = section(text, f"frontend {name}"), section(text, f"backend {name}")
+        assert f"maxconn {maxconn}" in fe, fe
+        assert f"bind 0.0.0.0:50080 transparent namespace {ns}" in fe, fe
+        assert f"bind [::]:50080 transparent v6only namespace {ns}" in fe, fe
+        assert f"default_backend {name}" in fe
+        assert f"server origin 0.0.0.0 namespace {ns}" in be, be
 
 
 @pytest.mark.parametrize("mode,option", [("tcp", "option tcplog"), ("http", "option httplog")])
 def test_haproxy_connection_logs(mode, option):
-    text = render(graph(mode=mode, log_connections=True))
+    text = render(gp(mode=mode, log_connections=True), gp("graph_g2", netns="pep1-g2"))
     assert "log stdout format raw local0 info" in section(text, "global")
-    assert option in section(text, "frontend intercept")
-    assert f"mode {mode}" in section(text, "defaults")
+    assert option in section(text, "frontend graph_g1")
+    assert "no log" in section(text, "frontend graph_g2"), "a graph that does not log connections says no log"
+    assert f"mode {mode}" in section(text, "frontend graph_g1")
 
 
 @pytest.mark.parametrize("splice,want", [
@@ -131,53 +168,41 @@ def test_haproxy_connection_logs(mode, option):
     ("off", []),
 ])
 def test_haproxy_splice(splice, want):
-    got = [x for x in section(render(graph(splice=splice)), "defaults") if "splice" in x]
+    got = [x for x in section(render(gp(splice=splice)), "frontend graph_g1") if "splice" in x]
     assert got == want, f"splice={splice}: got {got}"
 
 
-def test_haproxy_nft_mode_binds_listen_port_on_both_families():
-    binds = [x for x in section(render(graph(listen_port=50123)), "frontend intercept") if x.startswith("bind")]
-    assert binds == ["bind 0.0.0.0:50123 transparent", "bind [::]:50123 transparent v6only"]
-
-
 def test_haproxy_route_mode_binds_every_port_on_both_families():
-    binds = [x for x in section(render(graph(interception="route")), "frontend intercept") if x.startswith("bind")]
-    assert binds == [
-        "bind 0.0.0.0:80 transparent", "bind [::]:80 transparent v6only",
-        "bind 0.0.0.0:443 transparent", "bind [::]:443 transparent v6only",
-        "bind 0.0.0.0:8000-8080 transparent", "bind [::]:8000-8080 transparent v6only",
-    ]
+    fe = section(render(gp(ports=("80", "443", "8000-8080"))), "frontend graph_g1")
+    binds = [x for x in fe if x.startswith("bind")]
+    assert binds == [f"bind {a}:{p} transparent{v6} namespace pep1-g1"
+                     for p in ("80", "443", "8000-8080") for a, v6 in (("0.0.0.0", ""), ("[::]", " v6only"))]
 
 
 @pytest.mark.parametrize("mode", ["tcp", "http"])
 def test_haproxy_backend_goes_to_original_destination_from_client_address(mode):
-    b = section(render(graph(mode=mode)), "backend origin")
+    b = section(render(gp(mode=mode)), "backend graph_g1")
     assert "source 0.0.0.0 usesrc clientip" in b
-    assert "server origin 0.0.0.0" in b
+    assert "server origin 0.0.0.0 namespace pep1-g1" in b
     assert ("http-reuse never" in b) == (mode == "http")
 
 
-def test_haproxy_metrics():
-    m = section(render(graph(metrics_port=9200)), "frontend metrics")
-    assert "bind 127.0.0.1:9200" in m
+def test_haproxy_metrics_in_the_hosts_namespace():
+    m = section(render(metrics="10.0.0.5:9200"), "frontend metrics")
+    assert "bind 10.0.0.5:9200" in m and not any("namespace" in x for x in m), m
     assert "http-request use-service prometheus-exporter if { path /metrics }" in m
-    assert "frontend metrics" not in render(graph(metrics_port=0))
+    assert "frontend metrics" not in render(metrics=None)
 
 
 @pytest.mark.parametrize("kwargs,words", [
     ({"cpus": []}, "need 1-64 CPUs"),
     ({"cpus": list(range(65))}, "need 1-64 CPUs"),
     ({"maxconn": 0}, "maxconn must be positive"),
-    ({"workdir": "/run/" + "x" * 100}, "longer than 107 bytes"),
+    ({"sock": "/run/" + "x" * 103}, "longer than 107 bytes"),
 ])
 def test_haproxy_refuses_impossible_requests(kwargs, words):
     with pytest.raises(ValueError, match=words):
-        render(GRAPH, **kwargs)
-
-
-def test_haproxy_route_mode_needs_ports():
-    with pytest.raises(ValueError, match="route interception needs a port list"):
-        render(graph(interception="route", ports=None))
+        render(**kwargs)
 
 
 # -- nftables -----------------------------------------------------------------------------------
@@ -220,9 +245,10 @@ def test_nft_refuses_bad_arguments(kwargs, words):
         render_nft(GRAPH, **kwargs)
 
 
-def test_nft_refuses_route_mode():
+@pytest.mark.parametrize("mode", ["route", "bpf"])
+def test_nft_refuses_other_modes(mode):
     with pytest.raises(ValueError, match="not nft"):
-        render_nft(graph(interception="route"), table="t")
+        render_nft(graph(interception=mode), table="t")
 
 
 needs_root_nft = pytest.mark.skipif(

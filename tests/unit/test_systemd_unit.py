@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import configparser
 import os
+import re
 import shlex
 import shutil
 import subprocess
 
 import pytest
 
-from pepctl import cli, hostinfo
+from pepctl import cli, hostinfo, names, service
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 UNIT = os.path.join(REPO, "etc", "systemd", "pep.service")
@@ -56,3 +57,60 @@ def test_open_file_limit_lets_maxconn_grow():
     nofile = int(service_section()["LimitNOFILE"])
     assert hostinfo.maxconn_for(nofile) >= 100_000, \
         f"{UNIT}: LimitNOFILE={nofile} gives HAProxy maxconn {hostinfo.maxconn_for(nofile)}; expected >= 100000"
+
+
+# -- the supervisor's unit (etc/systemd/pep-supervisor@.service) -------------------------------------
+SUPERVISOR = os.path.join(REPO, "etc", "systemd", "pep-supervisor@.service")
+DOCUMENTED_CAPS = {"CAP_NET_ADMIN", "CAP_SYS_ADMIN", "CAP_NET_BIND_SERVICE"}   # haproxy/README.md
+
+
+def supervisor_copy(tmp_path) -> str:
+    """The template instantiated for /run/pep/pep1, Exec paths pointed at this checkout."""
+    with open(SUPERVISOR) as f:
+        text = f.read().replace(INSTALLED_AT, REPO)
+    path = tmp_path / f"pep-supervisor@{names.systemd_escape_path('/run/pep/pep1')}.service"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze (package systemd)")
+def test_systemd_parses_the_supervisor_unit_without_a_word(tmp_path):
+    unit = supervisor_copy(tmp_path)
+    proc = subprocess.run(["systemd-analyze", "verify", unit], capture_output=True, text=True)
+    ours = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "pep-supervisor" in ln]
+    assert proc.returncode == 0 and not ours, f"systemd-analyze verify {SUPERVISOR}: exit {proc.returncode}: {ours}"
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze (package systemd)")
+def test_supervisor_unit_is_hardened(tmp_path):
+    """systemd's own score: 0 (locked down) to 10 (exposed); 'OK' is below 5, 'MEDIUM' below 7."""
+    proc = subprocess.run(["systemd-analyze", "security", "--offline=yes", supervisor_copy(tmp_path)],
+                          capture_output=True, text=True)
+    m = re.search(r"Overall exposure level for \S+: ([\d.]+) (\w+)", proc.stdout)
+    assert m, f"systemd-analyze security printed no score: {proc.stdout[-500:]} {proc.stderr[-500:]}"
+    assert float(m.group(1)) <= 3.0, f"{SUPERVISOR}: exposure {m.group(1)} {m.group(2)}; expected at most 3.0"
+
+
+def test_supervisor_runs_as_its_own_user_with_only_the_documented_capabilities():
+    unit = service.read_unit(SUPERVISOR)
+    assert service.unit_user(unit) == "pep", f"{SUPERVISOR}: User= must be the proxy's own user, not root"
+    for key in ("AmbientCapabilities", "CapabilityBoundingSet"):
+        got = set(service.unit_value(unit, key).split())
+        assert got == DOCUMENTED_CAPS, f"{SUPERVISOR}: {key}= {sorted(got)}, documented {sorted(DOCUMENTED_CAPS)}"
+    assert service.unit_value(unit, "NoNewPrivileges") == "yes"
+    assert service.unit_value(unit, "Restart") == "always", "a dead supervisor must come back by itself"
+    with open(os.path.join(REPO, "haproxy", "README.md")) as f:
+        readme = f.read()
+    for cap in DOCUMENTED_CAPS:
+        assert cap in readme, f"haproxy/README.md does not say why HAProxy needs {cap}"
+
+
+def test_keeper_runs_the_unit_as_systemd_would():
+    """Where there is no systemd, pepctl's keeper starts the supervisor from this same unit."""
+    argv = service.supervisor_argv(service.read_unit(SUPERVISOR), "/run/pep/pep1")
+    sep = argv.index("--")
+    opts, cmd = argv[:sep], argv[sep + 1:]
+    assert opts[0] == "setpriv" and "--reuid=pep" in opts and "--regid=pep" in opts and "--no-new-privs" in opts
+    caps = "+net_admin,+sys_admin,+net_bind_service"
+    assert f"--ambient-caps=-all,{caps}" in opts and f"--bounding-set=-all,{caps}" in opts, opts
+    assert cmd == [os.path.join(REPO, "scripts", "pepctl"), "supervise", "/run/pep/pep1"], cmd
