@@ -21,6 +21,7 @@ removes only what this lab's journal says it made.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import secrets
@@ -235,9 +236,11 @@ class Lab:
             opts.ports = "80"
         ports = "\"all\"" if opts.ports == "all" else json.dumps(
             [int(p) if p.isdigit() else p for p in opts.ports.split(",")])
-        return template.substitute(rid=self.rid, run_dir=self.run_dir, proxy=str(not opts.no_proxy).lower(),
+        text = template.substitute(rid=self.rid, run_dir=self.run_dir, proxy=str(not opts.no_proxy).lower(),
                                    interception=opts.interception, ports=ports, splice=opts.splice,
                                    mode=opts.mode)
+        proxy = text[text.index("[graph.proxy]"):]
+        return text + "".join(extra_graph(i, proxy) for i in range(2, getattr(opts, "graphs", 1) + 1))
 
     def origin_steps(self) -> list[Step]:
         og = self.netns("origin")
@@ -370,6 +373,28 @@ class Lab:
         os.execvp("ip", ["ip", "netns", "exec", ns, *argv])
 
 
+MAX_GRAPHS = 2048
+
+
+def extra_graph(i: int, proxy: str) -> str:
+    """Graph i (2, 3, ...) of a lab brought up with --graphs N: VLANs and subnets of its own, no
+    hosts behind it (the benchmarks measure what many graphs cost; tests reload one while another
+    carries traffic). Its proxy settings are graph 1's."""
+    k = i - 2
+    a4 = ipaddress.ip_address("198.18.128.0") + 16 * k
+    o4 = ipaddress.ip_address("198.19.128.0") + 16 * k
+    return f"""
+[[graph]]
+name = "g{i}"
+[graph.access]
+vlan = {300 + 2 * k}
+addresses = ["{a4 + 1}/28", "2001:2:0:{0x1000 + i:x}::1/64"]
+[graph.origin]
+vlan = {301 + 2 * k}
+addresses = ["{o4 + 1}/28", "2001:2:0:{0x8000 + i:x}::1/64"]
+{proxy}"""
+
+
 def quiet_port_steps(ports) -> list[Step]:
     """Links that carry frames, not addresses: no IPv6 link-local chatter, then up."""
     steps = []
@@ -439,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
                     '(route interception needs a list; it gets 80 when given "all")')
     up.add_argument("--splice", choices=("both", "auto", "off"), default="both")
     up.add_argument("--mode", choices=("tcp", "http"), default="tcp")
+    up.add_argument("--graphs", type=int, default=1, metavar="N",
+                    help=f"graphs on the proxy host: the lab's own, and N-1 more without hosts (max {MAX_GRAPHS})")
     sub.add_parser("down", help="remove everything the lab made")
     lk = sub.add_parser("link", help="change the access link live: link PROFILE [KEY=VALUE...]")
     lk.add_argument("profile")
@@ -449,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("node")
     ex.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
+    if args.command == "up" and not 1 <= args.graphs <= MAX_GRAPHS:
+        ap.error(f"--graphs {args.graphs}: use 1-{MAX_GRAPHS}")
     if os.geteuid() != 0:
         print("pep-lab: must run as root (it creates namespaces)", file=sys.stderr)
         return 1

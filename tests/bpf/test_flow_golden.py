@@ -1,32 +1,47 @@
-"""Golden-packet tests of the per-flow bypass datapath (tc/bypass.o, flow_ingress), run in the
-kernel by BPF_PROG_TEST_RUN inside a private namespace that routes like a graph's namespace:
+"""Golden-packet tests of the flow datapath (tc/flow.o, flow_ingress), run in the kernel by
+BPF_PROG_TEST_RUN inside a private namespace that routes like a graph's namespace, with the
+interfaces of two graph slots (ifindexes are those pepctl gives, tc/pep_flow.h):
 
-    client 198.18.0.10, .11    [ private netns pby-<runid>-<n>, forwarding on ]    server 198.19.0.10
-    2001:2:0:1::10     pbycp(23) ── pbyc(21) "c_in"     pbys(22) "s_in" ── pbysp(24)    2001:2:0:2::10
-                    unregistered   198.18.0.1/24      198.19.0.1/24
-                                   2001:2:0:1::1/64   2001:2:0:2::1/64
-    neighbours (permanent): clients on pbyc, server on pbys, with the MACs below
-    routes: 198.19.1.0/24 and 2001:2:0:3::/64 via a gateway with no neighbour entry (NO_NEIGH),
-            198.19.9.0/24 blackhole (a FIB miss)
+    clients 198.18.0.10, .11                [ private netns pfl-<runid>-<n>, forwarding on ]
+    2001:2:0:1::10        pflc0p(21) ── pflc0 0x100000  slot 0 c_in   198.18.0.1/24  2001:2:0:1::1/64
+    server 198.19.0.10    pfls0p(22) ── pfls0 0x100001  slot 0 s_in   198.19.0.1/24  2001:2:0:2::1/64
+    2001:2:0:2::10                                                    (+ 198.19.0.5/32: local, not the graph's)
+    client 198.18.1.10    pflc1p(23) ── pflc1 0x100002  slot 1 c_in   198.18.1.1/24
+    server 198.19.1.10    pfls1p(24) ── pfls1 0x100003  slot 1 s_in   198.19.1.1/24
+                          pflhi 0x101000 ── pflu2 0x100004  slot 2 (never enabled); pflhi and 21 are
+                                                            out of the slot range
+    neighbours (permanent): clients on c_in, servers on s_in of their slot, with the MACs below
+    routes: 198.19.8.0/24 and 2001:2:0:3::/64 via a gateway with no neighbour entry (NO_NEIGH),
+            198.19.9.0/24 blackhole (a FIB miss); fwmark 1 -> table 100: local 0.0.0.0/0 dev lo
+    slot 0: ENABLED, listen_port 50080, intercepts 80, 443, 4011, 8000-8081; its 4 addresses
+    slot 1: ENABLED | ASSIGN | ALL_PORTS | ORIGIN_SYNS, listen_port 50081; its 2 addresses
+    listeners (real sockets in the namespace): [::]:50080 (dual stack), 0.0.0.0:50081 (transparent)
+    a real established connection 198.18.1.1:40900 <-> 198.19.1.1:7000
 
-side_config: 21 (pbyc) is the access side, 22 (pbys) the origin side; 23 has no entry.
+How right is told from wrong: each case is a list of packets made by scapy, sent on one interface
+(ctx.ifindex and ingress_ifindex name it), and for each the test checks the verdict (TC_ACT_*),
+the exact bytes the program leaves, the skb mark it leaves (never set in a test run, see below),
+and the exact change of every counter of slots 0, 1 and 2 (one that should not move must not).
+A bypassed packet is routed for real by bpf_fib_lookup in that namespace, so its expected bytes are
+those the stack's forwarding would make: MACs of the egress device and of the neighbour, TTL / hop
+limit minus one, a valid IPv4 header checksum. test_run does not carry out a redirect: where the
+packet would go shows in its MACs. Cases then check the entries left in flows_new and flows.
 
-How right is told from wrong: each case is a list of packets made by scapy, sent on one side
-(ctx.ifindex and ingress_ifindex name the veth), and for each the test checks the verdict
-(TC_ACT_*), the exact bytes the program leaves and the exact change of every counter of
-bypass_stats (one that should not move must not). A bypassed packet is routed for real by
-bpf_fib_lookup in that namespace, so its expected bytes are those the stack's forwarding would
-make: MACs of the egress device and of the neighbour, TTL / hop limit minus one, a valid IPv4
-header checksum (scapy recomputes it from scratch; the program patches it). test_run does not
-carry out a redirect: where the packet would go shows in its MACs. Cases then check the
-flow_table entries they made. Cases use distinct 4-tuples: the flow table is shared.
+Listener lookups (bpf_skc_lookup_tcp) search the namespace of the thread running the test, which
+holds the real listeners: closing one is how a case makes the proxy "die". bpf_sk_assign always
+fails in BPF_PROG_TEST_RUN (-EOPNOTSUPP: not at tc ingress), so on the ASSIGN graph (slot 1) a
+first SYN that finds the listener shows assign_failed and fails open, and a segment whose socket
+exists shows assign_failed: that is the proof the lookup found it. test_syncookie_live attaches the
+program to slot 1's c_in for real and carries one handshake answered by a SYN cookie.
 """
 
 from __future__ import annotations
 
-import re
+import select
+import socket
 import struct
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,95 +53,145 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Packet, Raw
 
 from pepctl import bpfsys
-from pepctl import bypass_maps as bm
+from pepctl import flow_maps as fm
 
-NAME_PREFIX = "pby"   # names of the pins and namespace (tests/bpf/conftest.py)
+NAME_PREFIX = "pfl"   # names of the pins and namespace (tests/bpf/conftest.py)
 REPO = Path(__file__).resolve().parents[2]
-OBJECT = REPO / "tc" / "bypass.o"
-HEADER = REPO / "tc" / "pep_bypass.h"
+OBJECT = REPO / "tc" / "flow.o"
 
 TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0, 2, 7
 VERDICTS = {TC_ACT_OK: "TC_ACT_OK", TC_ACT_SHOT: "TC_ACT_SHOT", TC_ACT_REDIRECT: "TC_ACT_REDIRECT"}
+SKB_MARK_OFF = 8      # offsetof(struct __sk_buff, mark), read from the test run's ctx_out
+IP_TRANSPARENT = 19   # <linux/in.h>
 
-C_IN, S_IN, UNREGISTERED, S_PEER = 21, 22, 23, 24
-IFINDEX = {"access": C_IN, "origin": S_IN, "unregistered": UNREGISTERED}
-C_IN_MAC, S_IN_MAC = "02:00:00:00:01:01", "02:00:00:00:02:01"
-CLIENT_MAC, CLIENT2_MAC, SERVER_MAC = "02:00:00:00:01:0a", "02:00:00:00:01:0b", "02:00:00:00:02:0a"
+C_IN0, S_IN0 = fm.ifindexes(0)
+C_IN1, S_IN1 = fm.ifindexes(1)
+UNUSED_SLOT = fm.ifindexes(2)[0]                 # in the range, slot 2 never enabled
+ABOVE_RANGE = fm.IFINDEX_BASE + 2 * fm.GRAPHS_MAX  # the first ifindex past the last slot
+BELOW_RANGE = 21
+SLOTS = (0, 1, 2)                                # whose counters every step watches
+# side name -> (ifindex, graph slot whose counters move; None: none may)
+SIDES = {"access": (C_IN0, 0), "origin": (S_IN0, 0), "access1": (C_IN1, 1), "origin1": (S_IN1, 1),
+         "unused-slot": (UNUSED_SLOT, None), "below-range": (BELOW_RANGE, None),
+         "above-range": (ABOVE_RANGE, None)}
 
 CLIENT, CLIENT2, SERVER = "198.18.0.10", "198.18.0.11", "198.19.0.10"
-S_IN4 = "198.19.0.1"
-FAR_SERVER, HOLE_SERVER = "198.19.1.10", "198.19.9.10"       # via a gateway with no neighbour; blackhole
-CLIENT6, SERVER6, FAR_SERVER6 = "2001:2:0:1::10", "2001:2:0:2::10", "2001:2:0:3::10"
+CLIENT6, SERVER6 = "2001:2:0:1::10", "2001:2:0:2::10"
+CLIENT1, SERVER1 = "198.18.1.10", "198.19.1.10"
+G0_ADDRS = ("198.18.0.1", "198.19.0.1", "2001:2:0:1::1", "2001:2:0:2::1")
+G1_ADDRS = ("198.18.1.1", "198.19.1.1")
+OTHER_LOCAL = "198.19.0.5"           # an address of the namespace that is not one of the graph's
+FAR_SERVER, HOLE_SERVER, FAR_SERVER6 = "198.19.8.10", "198.19.9.10", "2001:2:0:3::10"
 # 198.18.0.0/24 with its bytes reversed. Only ever inside BPF_PROG_TEST_RUN, never on a link.
 DECOY = "0.0.18.198"
-MAC_OF = {CLIENT: CLIENT_MAC, CLIENT2: CLIENT2_MAC, CLIENT6: CLIENT_MAC, DECOY: CLIENT_MAC}
+
+C_IN_MAC = {0: "02:00:00:00:01:01", 1: "02:00:00:01:01:01"}
+S_IN_MAC = {0: "02:00:00:00:02:01", 1: "02:00:00:01:02:01"}
+HOST_MAC = {CLIENT: "02:00:00:00:01:0a", CLIENT2: "02:00:00:00:01:0b", CLIENT6: "02:00:00:00:01:0a",
+            DECOY: "02:00:00:00:01:0a", SERVER: "02:00:00:00:02:0a", SERVER6: "02:00:00:00:02:0a",
+            CLIENT1: "02:00:00:01:01:0a", SERVER1: "02:00:00:01:02:0a"}
+# destination -> (MAC of the egress device, MAC of the neighbour) as the FIB answers
+NEXT_HOP = {CLIENT: (C_IN_MAC[0], HOST_MAC[CLIENT]), CLIENT2: (C_IN_MAC[0], HOST_MAC[CLIENT2]),
+            CLIENT6: (C_IN_MAC[0], HOST_MAC[CLIENT6]), SERVER: (S_IN_MAC[0], HOST_MAC[SERVER]),
+            SERVER6: (S_IN_MAC[0], HOST_MAC[SERVER6]), CLIENT1: (C_IN_MAC[1], HOST_MAC[CLIENT1]),
+            SERVER1: (S_IN_MAC[1], HOST_MAC[SERVER1])}
+
+LPORT0, LPORT1 = 50080, 50081
+G0 = {"flags": fm.GRAPH_F_ENABLED, "listen_port": LPORT0, "addresses": G0_ADDRS,
+      "intercept": [(80, 80), (443, 443), (4011, 4011), (8000, 8081)]}
+G1 = {"flags": fm.GRAPH_F_ENABLED | fm.GRAPH_F_ASSIGN | fm.GRAPH_F_ALL_PORTS | fm.GRAPH_F_ORIGIN_SYNS,
+      "listen_port": LPORT1, "addresses": G1_ADDRS, "intercept": []}
+EST_CLIENT, EST_SERVER = ("198.18.1.1", 40900), ("198.19.1.1", 7000)   # the real established pair
 
 NETNS_SETUP = [
-    ["link", "add", "pbyc", "index", str(C_IN), "type", "veth", "peer", "name", "pbycp", "index",
-     str(UNREGISTERED)],
-    ["link", "add", "pbys", "index", str(S_IN), "type", "veth", "peer", "name", "pbysp", "index",
-     str(S_PEER)],
-    ["link", "set", "pbyc", "address", C_IN_MAC],
-    ["link", "set", "pbys", "address", S_IN_MAC],
-    ["addr", "add", "198.18.0.1/24", "dev", "pbyc"],
-    ["addr", "add", "2001:2:0:1::1/64", "dev", "pbyc", "nodad"],
-    ["addr", "add", "198.19.0.1/24", "dev", "pbys"],
-    ["addr", "add", "2001:2:0:2::1/64", "dev", "pbys", "nodad"],
-    *(["link", "set", dev, "up"] for dev in ("pbyc", "pbycp", "pbys", "pbysp")),
-    ["neigh", "add", CLIENT, "lladdr", CLIENT_MAC, "dev", "pbyc", "nud", "permanent"],
-    ["neigh", "add", CLIENT2, "lladdr", CLIENT2_MAC, "dev", "pbyc", "nud", "permanent"],
-    ["neigh", "add", CLIENT6, "lladdr", CLIENT_MAC, "dev", "pbyc", "nud", "permanent"],
-    ["neigh", "add", SERVER, "lladdr", SERVER_MAC, "dev", "pbys", "nud", "permanent"],
-    ["neigh", "add", SERVER6, "lladdr", SERVER_MAC, "dev", "pbys", "nud", "permanent"],
-    ["route", "add", "198.19.1.0/24", "via", "198.19.0.254", "dev", "pbys"],
-    ["route", "add", "2001:2:0:3::/64", "via", "2001:2:0:2::fe", "dev", "pbys"],
+    ["link", "add", "pflc0", "index", str(C_IN0), "type", "veth", "peer", "name", "pflc0p", "index", "21"],
+    ["link", "add", "pfls0", "index", str(S_IN0), "type", "veth", "peer", "name", "pfls0p", "index", "22"],
+    ["link", "add", "pflc1", "index", str(C_IN1), "type", "veth", "peer", "name", "pflc1p", "index", "23"],
+    ["link", "add", "pfls1", "index", str(S_IN1), "type", "veth", "peer", "name", "pfls1p", "index", "24"],
+    ["link", "add", "pflu2", "index", str(UNUSED_SLOT), "type", "veth", "peer", "name", "pflhi", "index",
+     str(ABOVE_RANGE)],
+    ["link", "set", "pflc0", "address", C_IN_MAC[0]],
+    ["link", "set", "pfls0", "address", S_IN_MAC[0]],
+    ["link", "set", "pflc1", "address", C_IN_MAC[1]],
+    ["link", "set", "pfls1", "address", S_IN_MAC[1]],
+    ["addr", "add", "198.18.0.1/24", "dev", "pflc0"],
+    ["addr", "add", "2001:2:0:1::1/64", "dev", "pflc0", "nodad"],
+    ["addr", "add", "198.19.0.1/24", "dev", "pfls0"],
+    ["addr", "add", f"{OTHER_LOCAL}/32", "dev", "pfls0"],
+    ["addr", "add", "2001:2:0:2::1/64", "dev", "pfls0", "nodad"],
+    ["addr", "add", "198.18.1.1/24", "dev", "pflc1"],
+    ["addr", "add", "198.19.1.1/24", "dev", "pfls1"],
+    *(["link", "set", dev, "up"] for dev in ("lo", "pflc0", "pflc0p", "pfls0", "pfls0p", "pflc1", "pflc1p",
+                                             "pfls1", "pfls1p", "pflu2", "pflhi")),
+    *(["neigh", "add", host, "lladdr", HOST_MAC[host], "dev", dev, "nud", "permanent"]
+      for host, dev in ((CLIENT, "pflc0"), (CLIENT2, "pflc0"), (CLIENT6, "pflc0"), (SERVER, "pfls0"),
+                        (SERVER6, "pfls0"), (CLIENT1, "pflc1"), (SERVER1, "pfls1"))),
+    ["route", "add", "198.19.8.0/24", "via", "198.19.0.254", "dev", "pfls0"],
+    ["route", "add", "2001:2:0:3::/64", "via", "2001:2:0:2::fe", "dev", "pfls0"],
     ["route", "add", "blackhole", "198.19.9.0/24"],
+    # How a packet handed to a socket (PEP_LOCAL_MARK) is delivered: test_syncookie_live.
+    ["rule", "add", "fwmark", str(fm.LOCAL_MARK), "lookup", "100"],
+    ["route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "100"],
 ]
+# The peers only ever carry test_syncookie_live's frames: no IPv6 chatter on them. Syncookies
+# always (2), so that a real SYN is answered by one.
+SYSCTLS = ["net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1", "net.ipv4.tcp_syncookies=2",
+           *(f"net.ipv6.conf.{dev}.disable_ipv6=1" for dev in ("pflc0p", "pfls0p", "pflc1p", "pfls1p", "pflhi"))]
 
 
 # -- packets ------------------------------------------------------------------------------------
-def from_access(l3: Packet) -> Packet:
-    src = l3.src if l3.src in MAC_OF else CLIENT
-    return Ether(src=MAC_OF[src], dst=C_IN_MAC) / l3
+def on_access(l3: Packet, slot: int = 0) -> Packet:
+    return Ether(src=HOST_MAC.get(l3.src, HOST_MAC[CLIENT]), dst=C_IN_MAC[slot]) / l3
 
 
-def from_origin(l3: Packet) -> Packet:
-    return Ether(src=SERVER_MAC, dst=S_IN_MAC) / l3
+def on_origin(l3: Packet, slot: int = 0) -> Packet:
+    return Ether(src=HOST_MAC.get(l3.src, HOST_MAC[SERVER]), dst=S_IN_MAC[slot]) / l3
 
 
-def tcp4(src: str, sport: int, dst: str, dport: int, flags: str = "S", seq: int = 1000, ttl: int = 64,
-         ack: int = 0, **ip) -> Packet:
+def tcp(src: str, sport: int, dst: str, dport: int, flags: str, seq: int, ack: int, ttl: int = 64,
+        **ip) -> Packet:
+    if ":" in src:
+        return IPv6(src=src, dst=dst, hlim=ttl) / TCP(sport=sport, dport=dport, flags=flags, seq=seq, ack=ack)
     return IP(src=src, dst=dst, ttl=ttl, **ip) / TCP(sport=sport, dport=dport, flags=flags, seq=seq, ack=ack)
 
 
-def tcp6(src: str, sport: int, dst: str, dport: int, flags: str = "S", seq: int = 1000,
-         hlim: int = 64, ack: int = 0) -> Packet:
-    return IPv6(src=src, dst=dst, hlim=hlim) / TCP(sport=sport, dport=dport, flags=flags, seq=seq, ack=ack)
+def syn(sport: int, dport: int = 80, src: str = CLIENT, dst: str = SERVER, flags: str = "S", seq: int = 1000,
+        ack: int = 0, slot: int = 0, **kw) -> Packet:
+    """A segment from the access side; by default the first SYN of a flow (ISN 1000)."""
+    return on_access(tcp(src, sport, dst, dport, flags, seq, ack, **kw), slot)
 
 
-def syn(sport: int, dport: int = 80, src: str = CLIENT, dst: str = SERVER, **kw) -> Packet:
-    """A first SYN from the access side."""
-    make = tcp6 if ":" in src else tcp4
-    return from_access(make(src, sport, dst, dport, **kw))
-
-
-def ack(sport: int, dport: int = 80, src: str = CLIENT, dst: str = SERVER, **kw) -> Packet:
-    return syn(sport, dport, src, dst, flags="A", seq=1001, **kw)
+def ack(sport: int, dport: int = 80, src: str = CLIENT, dst: str = SERVER, flags: str = "A", seq: int = 1001,
+        ack: int = 5001, **kw) -> Packet:
+    """The opener's ACK of the SYN-ACK (ISN 5000), or another access-side segment of the flow."""
+    return syn(sport, dport, src, dst, flags=flags, seq=seq, ack=ack, **kw)
 
 
 def reply(sport: int, dport: int, src: str = SERVER, dst: str = CLIENT, flags: str = "SA", ack: int = 1001,
-          **kw) -> Packet:
-    """A segment from the origin side (default: the SYN-ACK of the access side's SYN, ISN 1000)."""
-    make = tcp6 if ":" in src else tcp4
-    return from_origin(make(src, sport, dst, dport, flags=flags, seq=5000, ack=ack, **kw))
+          seq: int = 5000, slot: int = 0, **kw) -> Packet:
+    """A segment from the origin side; by default the SYN-ACK (ISN 5000) of the SYN of ISN 1000."""
+    return on_origin(tcp(src, sport, dst, dport, flags, seq, ack, **kw), slot)
 
 
-def routed(frame: Packet, src_mac: str | None, dst_mac: str | None) -> Packet:
+def syn1(sport: int, dport: int = 80, src: str = CLIENT1, dst: str = SERVER1, **kw) -> Packet:
+    """syn() on slot 1's c_in, between its client and server."""
+    return syn(sport, dport, src, dst, slot=1, **kw)
+
+
+def ack1(sport: int, dport: int = 80, **kw) -> Packet:
+    return ack(sport, dport, src=CLIENT1, dst=SERVER1, slot=1, **kw)
+
+
+def reply1(sport: int, dport: int, **kw) -> Packet:
+    return reply(sport, dport, src=SERVER1, dst=CLIENT1, slot=1, **kw)
+
+
+def routed(frame: Packet, macs: tuple[str, str] | None) -> Packet:
     """frame as forwarding leaves it: TTL / hop limit - 1 (checksum recomputed by scapy) and, when
     given, the MACs of the egress device and the next hop."""
     out = frame.copy()
-    if src_mac:
-        out[Ether].src, out[Ether].dst = src_mac, dst_mac
+    if macs:
+        out[Ether].src, out[Ether].dst = macs
     if IP in out:
         out[IP].ttl -= 1
         out[IP].chksum = None
@@ -135,22 +200,18 @@ def routed(frame: Packet, src_mac: str | None, dst_mac: str | None) -> Packet:
     return out
 
 
-def to_origin(frame: Packet) -> Packet:
-    return routed(frame, S_IN_MAC, SERVER_MAC)
-
-
-def to_access(frame: Packet) -> Packet:
-    l3 = frame[IP] if IP in frame else frame[IPv6]
-    return routed(frame, C_IN_MAC, MAC_OF[l3.dst])
+def fwd(frame: Packet) -> Packet:
+    """Forwarded to its destination's neighbour."""
+    return routed(frame, NEXT_HOP[(frame[IP] if IP in frame else frame[IPv6]).dst])
 
 
 def ttl_only(frame: Packet) -> Packet:
     """Sent by bpf_redirect_neigh: the kernel writes the MACs after test_run has returned."""
-    return routed(frame, None, None)
+    return routed(frame, None)
 
 
 def cnt(**moves: int) -> dict[str, int]:
-    unknown = set(moves) - set(bm.COUNTERS)
+    unknown = set(moves) - set(fm.COUNTERS)
     assert not unknown, f"no such counters: {unknown}"
     return moves
 
@@ -158,22 +219,27 @@ def cnt(**moves: int) -> dict[str, int]:
 BYPASSED = cnt(pkts_bypassed=1)
 NEW_BYPASS = cnt(flows_bypass_rule=1, pkts_bypassed=1)
 NEW_PROXY = cnt(flows_proxied=1)
+FAILOPEN = cnt(flows_bypass_failopen=1, pkts_bypassed=1)
+ASSIGN_REFUSED = cnt(assign_failed=1, flows_bypass_failopen=1, pkts_bypassed=1)   # slot 1, listener up
+NO_FLOW = cnt(pkts_no_flow=1)
+PROMOTED = cnt(flows_promoted=1, pkts_bypassed=1)
+STALE = cnt(flows_stale=1, pkts_no_flow=1)
 
 
 # -- cases --------------------------------------------------------------------------------------
 @dataclass
 class Send:
-    side: str                       # access | origin | unregistered
+    side: str                       # a key of SIDES
     frame: Packet | bytes
     verdict: int
     out: Packet | bytes | None = None   # None: must come out unchanged
-    counters: dict[str, int] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)   # of the side's slot; all others stay
 
 
 @dataclass
 class Do:
     what: str
-    fn: Callable[[str], object]     # called with the pin folder
+    fn: Callable[[FlowDatapath], object]
 
 
 @dataclass
@@ -182,209 +248,412 @@ class Flow:
     sub_port: int
     org: str
     org_port: int
-    verdict: str | None             # None: no entry
+    table: str | None               # flows_new | flows | None: in neither
+    verdict: str = "bypass_rule"
     syn_seq: int = 1000
+    state: str | None = None        # checked when given: syn_seen, synack_seen, established, closing
+    graph: int = 0
+    fins: int | None = None
+
+
+@dataclass
+class Check:
+    """The flow tables in the middle of a case."""
+    flows: list[Flow]
 
 
 @dataclass
 class Case:
     id: str
     desc: str
-    steps: list[Send | Do]
-    rules: dict = field(default_factory=dict)     # add_rules() arguments for the case
-    flows: list[Flow] = field(default_factory=list)
+    steps: list[Send | Do | Check]
+    rules: dict[int, dict] = field(default_factory=dict)   # slot -> add_rules() arguments
+    flows: list[Flow] = field(default_factory=list)       # checked after the last step
 
 
-def del_rules(**rules) -> Do:
-    return Do(f"remove rules {rules}", lambda pins: bm.del_rules(pins, **rules))
+def add_rules(slot: int, **rules) -> Do:
+    return Do(f"add rules {rules} to slot {slot}", lambda dp: fm.add_rules(dp.pins, slot, **rules))
 
 
-def proxy(up: bool) -> Do:
-    return Do(f"proxy_state.up = {int(up)}", lambda pins: bm.set_proxy_up(pins, up))
+def del_rules(slot: int, **rules) -> Do:
+    return Do(f"remove rules {rules} of slot {slot}", lambda dp: fm.del_rules(dp.pins, slot, **rules))
 
 
-C32 = {"clients": [f"{CLIENT}/32"]}
+def listener(port: int, up: bool) -> Do:
+    return Do(f"listener on port {port} {'opened' if up else 'closed'}",
+              lambda dp: dp.listen(port) if up else dp.unlisten(port))
+
+
+def graph_flags(slot: int, flags: int, listen_port: int) -> Do:
+    return Do(f"slot {slot}: flags {flags:#x}, listen_port {listen_port}",
+              lambda dp: fm.set_flags(dp.pins, slot, flags, listen_port))
+
+
+C32 = {0: {"clients": [f"{CLIENT}/32"]}}
+C32_1 = {1: {"clients": [f"{CLIENT1}/32"]}}
+
+
+def handshake(sport: int, **kw) -> list[Send]:
+    """SYN, SYN-ACK and ACK of a flow of slot 0 bypassed by a rule: ends in flows."""
+    return [Send("access", syn(sport, **kw), TC_ACT_REDIRECT, fwd(syn(sport, **kw)), NEW_BYPASS),
+            Send("origin", reply(80, sport), TC_ACT_REDIRECT, fwd(reply(80, sport)), BYPASSED),
+            Send("access", ack(sport), TC_ACT_REDIRECT, fwd(ack(sport)), PROMOTED)]
+
+
+def established(sport: int, **kw) -> Flow:
+    return Flow(CLIENT, sport, SERVER, 80, "flows", state="established", **kw)
+
 
 CASES = [
-    # -- not TCP, or no TCP header we read: the stack's, counted not_tcp
+    # -- not TCP, or no TCP header we read: the stack's, counted not_tcp in the slot's counters
     Case("udp4", "UDP goes to the stack", [
-        Send("access", from_access(IP(src=CLIENT, dst=SERVER) / UDP(sport=5353, dport=53) / b"q"),
+        Send("access", on_access(IP(src=CLIENT, dst=SERVER) / UDP(sport=5353, dport=53) / b"q"),
              TC_ACT_OK, counters=cnt(pkts_not_tcp=1))]),
     Case("icmp4", "ICMP from the origin side goes to the stack, even for a bypassed client", [
-        Send("origin", from_origin(IP(src=SERVER, dst=CLIENT) / ICMP()), TC_ACT_OK,
+        Send("origin", on_origin(IP(src=SERVER, dst=CLIENT) / ICMP()), TC_ACT_OK,
              counters=cnt(pkts_not_tcp=1))], rules=C32),
     Case("icmp6", "ICMPv6 goes to the stack", [
-        Send("access", from_access(IPv6(src=CLIENT6, dst=SERVER6) / ICMPv6EchoRequest()), TC_ACT_OK,
+        Send("access", on_access(IPv6(src=CLIENT6, dst=SERVER6) / ICMPv6EchoRequest()), TC_ACT_OK,
              counters=cnt(pkts_not_tcp=1))]),
     Case("arp", "ARP goes to the stack", [
-        Send("access", Ether(src=CLIENT_MAC, dst="ff:ff:ff:ff:ff:ff") / ARP(psrc=CLIENT, pdst="198.18.0.1"),
+        Send("access", Ether(src=HOST_MAC[CLIENT], dst="ff:ff:ff:ff:ff:ff") / ARP(psrc=CLIENT, pdst="198.18.0.1"),
              TC_ACT_OK, counters=cnt(pkts_not_tcp=1))]),
     Case("fragments", "IPv4 fragments (first and later) are never bypassed: one path for all pieces", [
-        Send("access", from_access(IP(src=CLIENT, dst=SERVER, flags="MF")
-                                   / TCP(sport=40030, dport=80, flags="S")),
+        Send("access", on_access(IP(src=CLIENT, dst=SERVER, flags="MF") / TCP(sport=40030, dport=80, flags="S")),
              TC_ACT_OK, counters=cnt(pkts_not_tcp=1)),
-        Send("access", from_access(IP(src=CLIENT, dst=SERVER, proto=6, frag=3) / Raw(b"x" * 24)), TC_ACT_OK,
+        Send("access", on_access(IP(src=CLIENT, dst=SERVER, proto=6, frag=3) / Raw(b"x" * 24)), TC_ACT_OK,
              counters=cnt(pkts_not_tcp=1))],
         rules=C32, flows=[Flow(CLIENT, 40030, SERVER, 80, None)]),
     Case("v6-ext-header", "IPv6 with a hop-by-hop header before TCP is passed, not parsed", [
-        Send("access", from_access(IPv6(src=CLIENT6, dst=SERVER6) / IPv6ExtHdrHopByHop()
-                                   / TCP(sport=40031, dport=80, flags="S", seq=1000)),
+        Send("access", on_access(IPv6(src=CLIENT6, dst=SERVER6) / IPv6ExtHdrHopByHop()
+                                 / TCP(sport=40031, dport=80, flags="S", seq=1000)),
              TC_ACT_OK, counters=cnt(pkts_not_tcp=1))],
-        rules={"clients": ["2001:2:0:1::/64"]}, flows=[Flow(CLIENT6, 40031, SERVER6, 80, None)]),
+        rules={0: {"clients": ["2001:2:0:1::/64"]}}, flows=[Flow(CLIENT6, 40031, SERVER6, 80, None)]),
     Case("tcp-truncated", "a TCP header cut short is left to the stack", [
         Send("access", bytes(syn(40032, ttl=5))[:14 + 20 + 10], TC_ACT_OK, counters=cnt(pkts_not_tcp=1))],
         rules=C32),
-    # -- first SYN, no rule: PROXY, from both sides
-    Case("syn-proxy-access", "first SYN from a client, no rules: PROXY, remembered", [
-        Send("access", syn(40001), TC_ACT_OK, counters=NEW_PROXY)],
-        flows=[Flow(CLIENT, 40001, SERVER, 80, "proxy")]),
-    Case("syn-proxy-origin", "first SYN from the origin side: the subscriber is its destination", [
-        Send("origin", reply(80, 40002, flags="S"), TC_ACT_OK, counters=NEW_PROXY)],
-        flows=[Flow(CLIENT, 40002, SERVER, 80, "proxy", 5000)]),
-    Case("synack-unknown", "SYN-ACK and ACK of flows never seen: no_flow, to the stack", [
-        Send("origin", reply(80, 40015), TC_ACT_OK, counters=cnt(pkts_no_flow=1)),
-        Send("access", ack(40015), TC_ACT_OK, counters=cnt(pkts_no_flow=1))],
-        flows=[Flow(CLIENT, 40015, SERVER, 80, None)]),
-    # -- rules
+    Case("not-tcp-slot1", "slot 1's packets count in slot 1's counters only", [
+        Send("access1", on_access(IP(src=CLIENT1, dst=SERVER1) / UDP(sport=5353, dport=53), 1), TC_ACT_OK,
+             counters=cnt(pkts_not_tcp=1))]),
+    # -- interfaces of no enabled slot: untouched, uncounted, unremembered
+    Case("unused-slot", "an ifindex of slot 2 (in the range, never enabled)", [
+        Send("unused-slot", syn(40034), TC_ACT_OK)],
+        rules=C32, flows=[Flow(CLIENT, 40034, SERVER, 80, None), Flow(CLIENT, 40034, SERVER, 80, None, graph=2)]),
+    Case("below-range", "an ifindex below PEP_IFINDEX_BASE", [
+        Send("below-range", syn(40035), TC_ACT_OK)], rules=C32),
+    Case("above-range", "the first ifindex past the last slot", [
+        Send("above-range", syn(40036), TC_ACT_OK)], rules=C32),
+    Case("disabled-slot", "slot 0 configured but without GRAPH_F_ENABLED: untouched, uncounted", [
+        graph_flags(0, fm.GRAPH_F_ALL_PORTS | fm.GRAPH_F_ORIGIN_SYNS | fm.GRAPH_F_ASSIGN, LPORT0),
+        Send("access", syn(40037), TC_ACT_OK),
+        Send("origin", reply(80, 40037, flags="S"), TC_ACT_OK)],
+        rules=C32, flows=[Flow(CLIENT, 40037, SERVER, 80, None)]),
+    # -- 1. SYNs to the graph's own addresses: dropped, before any other step
+    Case("self-v4", "SYNs to c_in's and s_in's IPv4 addresses are dropped, a client rule notwithstanding", [
+        Send("access", syn(40100, 22, dst="198.18.0.1"), TC_ACT_SHOT, counters=cnt(syn_to_self=1)),
+        Send("access", syn(40101, 80, dst="198.19.0.1"), TC_ACT_SHOT, counters=cnt(syn_to_self=1))],
+        rules=C32, flows=[Flow(CLIENT, 40100, "198.18.0.1", 22, None), Flow(CLIENT, 40101, "198.19.0.1", 80, None)]),
+    Case("self-v6", "SYNs to c_in's and s_in's IPv6 addresses are dropped", [
+        Send("access", syn(40102, 22, src=CLIENT6, dst="2001:2:0:1::1"), TC_ACT_SHOT, counters=cnt(syn_to_self=1)),
+        Send("access", syn(40103, 80, src=CLIENT6, dst="2001:2:0:2::1"), TC_ACT_SHOT,
+             counters=cnt(syn_to_self=1))]),
+    Case("self-from-origin", "origin-side SYNs to the graph's addresses are dropped (before the side check)", [
+        Send("origin", reply(40104, 22, dst="198.19.0.1", flags="S", ack=0), TC_ACT_SHOT,
+             counters=cnt(syn_to_self=1)),
+        Send("origin", reply(40105, 80, src=SERVER6, dst="2001:2:0:1::1", flags="S", ack=0), TC_ACT_SHOT,
+             counters=cnt(syn_to_self=1))]),
+    Case("self-per-graph", "slot 1's addresses are not slot 0's, and the reverse", [
+        Send("access", syn(40106, 80, dst="198.18.1.1"), TC_ACT_OK, counters=NEW_PROXY),
+        Send("access1", syn1(40107, 80, dst="198.18.1.1"), TC_ACT_SHOT, counters=cnt(syn_to_self=1)),
+        Send("access1", syn1(40108, 80, dst="198.19.0.1"), TC_ACT_OK, counters=cnt(assign_failed=1,
+                                                                                     flows_bypass_failopen=1))]),
+    # -- 2. ports and directions a graph does not intercept: the stack's, not remembered
+    Case("port-not-intercepted", "a SYN to port 22 (not in intercept_ports): to the stack, a rule notwithstanding",
+         [Send("access", syn(40110, 22), TC_ACT_OK, counters=cnt(flows_not_intercepted=1)),
+          Send("origin", reply(22, 40110), TC_ACT_OK, counters=NO_FLOW)],
+         rules=C32, flows=[Flow(CLIENT, 40110, SERVER, 22, None)]),
+    Case("intercept-byte-order", "intercept port 4011 (0x0FAB) is intercepted, 43791 (0xAB0F) is not", [
+        Send("access", syn(40111, 4011), TC_ACT_OK, counters=NEW_PROXY),
+        Send("access", syn(40112, 43791), TC_ACT_OK, counters=cnt(flows_not_intercepted=1))]),
+    Case("origin-syn-not-intercepted", "slot 0 intercepts no origin-side SYN, a client rule notwithstanding", [
+        Send("origin", reply(80, 40113, flags="S", ack=0), TC_ACT_OK, counters=cnt(flows_not_intercepted=1))],
+        rules=C32, flows=[Flow(CLIENT, 40113, SERVER, 80, None, syn_seq=5000)]),
+    Case("origin-syn-slot1", "slot 1 (ORIGIN_SYNS) decides origin-side SYNs: the port rule is the SYN's "
+         "destination port, the subscriber its destination", [
+        Send("origin1", reply1(80, 4011, flags="S", ack=0), TC_ACT_REDIRECT,
+             fwd(reply1(80, 4011, flags="S", ack=0)), NEW_BYPASS),
+        Send("access1", syn1(4011, 80, flags="SA", seq=1000, ack=5001), TC_ACT_REDIRECT,
+             fwd(syn1(4011, 80, flags="SA", seq=1000, ack=5001)), BYPASSED),
+        Send("origin1", reply1(80, 4011, flags="A", seq=5001, ack=1001), TC_ACT_REDIRECT,
+             fwd(reply1(80, 4011, flags="A", seq=5001, ack=1001)), PROMOTED)],
+        rules={1: {"ports": [(4011, 4011)]}},
+        flows=[Flow(CLIENT1, 4011, SERVER1, 80, "flows", syn_seq=5000, state="established", graph=1)]),
+    Case("all-ports-slot1", "slot 1 (ALL_PORTS) intercepts port 22: to the listener (assign refused here)", [
+        Send("access1", syn1(40114, 22), TC_ACT_REDIRECT, fwd(syn1(40114, 22)), ASSIGN_REFUSED)],
+        flows=[Flow(CLIENT1, 40114, SERVER1, 22, "flows_new", "bypass_failopen", graph=1)]),
+    # -- 3. rules
     Case("client32", "client /32 rule: that client is bypassed and routed, the next one proxied", [
-        Send("access", syn(40003, src=CLIENT2), TC_ACT_REDIRECT, to_origin(syn(40003, src=CLIENT2)),
-             NEW_BYPASS),
+        Send("access", syn(40003, src=CLIENT2), TC_ACT_REDIRECT, fwd(syn(40003, src=CLIENT2)), NEW_BYPASS),
         Send("access", syn(40004), TC_ACT_OK, counters=NEW_PROXY)],
-        rules={"clients": [f"{CLIENT2}/32"]},
-        flows=[Flow(CLIENT2, 40003, SERVER, 80, "bypass_rule"), Flow(CLIENT, 40004, SERVER, 80, "proxy")]),
+        rules={0: {"clients": [f"{CLIENT2}/32"]}},
+        flows=[Flow(CLIENT2, 40003, SERVER, 80, "flows_new", state="syn_seen"), Flow(CLIENT, 40004, SERVER, 80, None)]),
     Case("client24", "client /24 rule", [
-        Send("access", syn(40005), TC_ACT_REDIRECT, to_origin(syn(40005)), NEW_BYPASS)],
-        rules={"clients": ["198.18.0.0/24"]}, flows=[Flow(CLIENT, 40005, SERVER, 80, "bypass_rule")]),
+        Send("access", syn(40005), TC_ACT_REDIRECT, fwd(syn(40005)), NEW_BYPASS)],
+        rules={0: {"clients": ["198.18.0.0/24"]}}, flows=[Flow(CLIENT, 40005, SERVER, 80, "flows_new")]),
+    Case("client-exception", "a /32 stored with 0 inside a /24 rule carves an exception", [
+        Do("store 198.18.0.10/32 with 0 in bypass_client4",
+           lambda dp: dp.write_lpm("bypass_client4", 0, f"{CLIENT}/32", fm.ABSENT)),
+        Send("access", syn(40009), TC_ACT_OK, counters=NEW_PROXY),
+        Send("access", syn(40010, src=CLIENT2), TC_ACT_REDIRECT, fwd(syn(40010, src=CLIENT2)), NEW_BYPASS)],
+        rules={0: {"clients": ["198.18.0.0/24"]}}),
     Case("server-prefix", "server prefix rule", [
-        Send("access", syn(40006), TC_ACT_REDIRECT, to_origin(syn(40006)), NEW_BYPASS)],
-        rules={"servers": ["198.19.0.0/24"]}, flows=[Flow(CLIENT, 40006, SERVER, 80, "bypass_rule")]),
+        Send("access", syn(40006), TC_ACT_REDIRECT, fwd(syn(40006)), NEW_BYPASS)],
+        rules={0: {"servers": ["198.19.0.0/24"]}}, flows=[Flow(CLIENT, 40006, SERVER, 80, "flows_new")]),
     Case("prefix-byte-order", "198.18.0.0/24 does not match 0.0.18.198 (its bytes reversed)", [
         Send("access", syn(40007, src=DECOY), TC_ACT_OK, counters=NEW_PROXY)],
-        rules={"clients": ["198.18.0.0/24"], "servers": ["198.19.0.0/32"]},
-        flows=[Flow(DECOY, 40007, SERVER, 80, "proxy")]),
-    Case("port-4011", "port rule 4011 (0x0FAB): 4011 bypassed, 43791 (0xAB0F) not", [
-        Send("access", syn(40008, 4011), TC_ACT_REDIRECT, to_origin(syn(40008, 4011)), NEW_BYPASS),
-        Send("access", syn(40009, 43791), TC_ACT_OK, counters=NEW_PROXY)],
-        rules={"ports": [(4011, 4011)]},
-        flows=[Flow(CLIENT, 40008, SERVER, 4011, "bypass_rule"),
-               Flow(CLIENT, 40009, SERVER, 43791, "proxy")]),
-    Case("port-43791", "port rule 43791 (0xAB0F): 43791 bypassed, 4011 not", [
-        Send("access", syn(40010, 4011), TC_ACT_OK, counters=NEW_PROXY),
-        Send("access", syn(40011, 43791), TC_ACT_REDIRECT, to_origin(syn(40011, 43791)), NEW_BYPASS)],
-        rules={"ports": [(43791, 43791)]}),
+        rules={0: {"clients": ["198.18.0.0/24"], "servers": ["198.19.0.0/32"]}},
+        flows=[Flow(DECOY, 40007, SERVER, 80, None)]),
     Case("port-range", "a port range covers its ends and not its neighbours", [
-        Send("access", syn(40040, 8000), TC_ACT_REDIRECT, to_origin(syn(40040, 8000)), NEW_BYPASS),
-        Send("access", syn(40041, 8080), TC_ACT_REDIRECT, to_origin(syn(40041, 8080)), NEW_BYPASS),
+        Send("access", syn(40040, 8000), TC_ACT_REDIRECT, fwd(syn(40040, 8000)), NEW_BYPASS),
+        Send("access", syn(40041, 8080), TC_ACT_REDIRECT, fwd(syn(40041, 8080)), NEW_BYPASS),
         Send("access", syn(40042, 8081), TC_ACT_OK, counters=NEW_PROXY)],
-        rules={"ports": [(8000, 8080)]}),
-    Case("port-from-origin", "a SYN from the origin side is matched on the port it is addressed to", [
-        Send("origin", reply(80, 4011, flags="S"), TC_ACT_REDIRECT, to_access(reply(80, 4011, flags="S")),
-             NEW_BYPASS)],
-        rules={"ports": [(4011, 4011)]}, flows=[Flow(CLIENT, 4011, SERVER, 80, "bypass_rule", 5000)]),
+        rules={0: {"ports": [(8000, 8080)]}}),
+    Case("port-4011", "port rule 4011 (0x0FAB) on slot 1: 4011 bypassed, 43791 (0xAB0F) not", [
+        Send("access1", syn1(40008, 4011), TC_ACT_REDIRECT, fwd(syn1(40008, 4011)), NEW_BYPASS),
+        Send("access1", syn1(40009, 43791), TC_ACT_REDIRECT, fwd(syn1(40009, 43791)), ASSIGN_REFUSED)],
+        rules={1: {"ports": [(4011, 4011)]}},
+        flows=[Flow(CLIENT1, 40008, SERVER1, 4011, "flows_new", graph=1),
+               Flow(CLIENT1, 40009, SERVER1, 43791, "flows_new", "bypass_failopen", graph=1)]),
+    Case("port-43791", "port rule 43791 (0xAB0F) on slot 1: 43791 bypassed, 4011 not", [
+        Send("access1", syn1(40010, 4011), TC_ACT_REDIRECT, fwd(syn1(40010, 4011)), ASSIGN_REFUSED),
+        Send("access1", syn1(40011, 43791), TC_ACT_REDIRECT, fwd(syn1(40011, 43791)), NEW_BYPASS)],
+        rules={1: {"ports": [(43791, 43791)]}}),
     Case("v6-client64", "IPv6 client /64: SYN routed (hop limit - 1), SYN-ACK routed back", [
         Send("access", syn(40013, src=CLIENT6, dst=SERVER6), TC_ACT_REDIRECT,
-             to_origin(syn(40013, src=CLIENT6, dst=SERVER6)), NEW_BYPASS),
+             fwd(syn(40013, src=CLIENT6, dst=SERVER6)), NEW_BYPASS),
         Send("origin", reply(80, 40013, src=SERVER6, dst=CLIENT6), TC_ACT_REDIRECT,
-             to_access(reply(80, 40013, src=SERVER6, dst=CLIENT6)), BYPASSED)],
-        rules={"clients": ["2001:2:0:1::/64"]}, flows=[Flow(CLIENT6, 40013, SERVER6, 80, "bypass_rule")]),
+             fwd(reply(80, 40013, src=SERVER6, dst=CLIENT6)), BYPASSED)],
+        rules={0: {"clients": ["2001:2:0:1::/64"]}},
+        flows=[Flow(CLIENT6, 40013, SERVER6, 80, "flows_new", state="synack_seen")]),
     Case("v6-server", "IPv6 server rule", [
         Send("access", syn(40043, src=CLIENT6, dst=SERVER6), TC_ACT_REDIRECT,
-             to_origin(syn(40043, src=CLIENT6, dst=SERVER6)), NEW_BYPASS)],
-        rules={"servers": [f"{SERVER6}/128"]}),
+             fwd(syn(40043, src=CLIENT6, dst=SERVER6)), NEW_BYPASS)],
+        rules={0: {"servers": [f"{SERVER6}/128"]}}),
     Case("v4-rule-not-v6", "an IPv4 client rule says nothing about the client's IPv6 flows", [
         Send("access", syn(40044, src=CLIENT6, dst=SERVER6), TC_ACT_OK, counters=NEW_PROXY)],
-        rules={"clients": ["198.18.0.0/24"]}),
+        rules={0: {"clients": ["198.18.0.0/24"]}}),
     Case("ip-options", "IPv4 header with options (IHL 6): ports read after them, TTL patched", [
         Send("access", syn(40023, options=[IPOption_NOP()] * 4), TC_ACT_REDIRECT,
-             to_origin(syn(40023, options=[IPOption_NOP()] * 4)), NEW_BYPASS)],
-        rules=C32, flows=[Flow(CLIENT, 40023, SERVER, 80, "bypass_rule")]),
-    # -- both directions of a decided flow
-    Case("bypass-both-ways", "SYN-ACK and ACK of a bypassed flow keep its verdict", [
-        Send("access", syn(40014), TC_ACT_REDIRECT, to_origin(syn(40014)), NEW_BYPASS),
-        Send("origin", reply(80, 40014), TC_ACT_REDIRECT, to_access(reply(80, 40014)), BYPASSED),
-        Send("access", ack(40014), TC_ACT_REDIRECT, to_origin(ack(40014)), BYPASSED)],
-        rules=C32),
-    Case("stale-entry", "a SYN-ACK answering another SYN on a bypassed flow's 4-tuple (HAProxy reusing "
-         "its port toward the origin) forgets the old flow and goes to the stack", [
-        Send("access", syn(40040), TC_ACT_REDIRECT, to_origin(syn(40040)), NEW_BYPASS),
-        Send("origin", reply(80, 40040, ack=777001), TC_ACT_OK, counters=cnt(flows_stale=1)),
-        Send("origin", reply(80, 40040, flags="A", ack=777001), TC_ACT_OK, counters=cnt(pkts_no_flow=1))],
-        rules=C32, flows=[Flow(CLIENT, 40040, SERVER, 80, None)]),
-    Case("proxy-both-ways", "later segments of a proxied flow go to the stack, uncounted", [
-        Send("access", syn(40016), TC_ACT_OK, counters=NEW_PROXY),
-        Send("access", ack(40016), TC_ACT_OK),
-        Send("origin", reply(80, 40016, flags="A"), TC_ACT_OK)]),
-    # -- SYN retransmissions and reuse
-    Case("syn-retransmit", "a retransmitted SYN keeps the verdict and is counted once", [
-        Send("access", syn(40017), TC_ACT_REDIRECT, to_origin(syn(40017)), NEW_BYPASS),
-        Send("access", syn(40017), TC_ACT_REDIRECT, to_origin(syn(40017)), BYPASSED)],
-        rules=C32),
-    Case("syn-retransmit-proxy", "a retransmitted SYN of a proxied flow is counted once", [
+             fwd(syn(40023, options=[IPOption_NOP()] * 4)), NEW_BYPASS)],
+        rules=C32, flows=[Flow(CLIENT, 40023, SERVER, 80, "flows_new")]),
+    Case("rules-of-slot1", "slot 1's rules (clients, servers, port 80) never match slot 0's SYNs", [
+        Send("access", syn(40046), TC_ACT_OK, counters=NEW_PROXY),
+        Send("access1", syn1(40046), TC_ACT_REDIRECT, fwd(syn1(40046)), NEW_BYPASS)],
+        rules={1: {"clients": ["198.18.0.0/15"], "servers": ["198.18.0.0/15"], "ports": [(80, 80)]}},
+        flows=[Flow(CLIENT, 40046, SERVER, 80, None), Flow(CLIENT1, 40046, SERVER1, 80, "flows_new", graph=1)]),
+    Case("rules-of-slot0", "slot 0's rules never match slot 1's SYNs", [
+        Send("access1", syn1(40047), TC_ACT_REDIRECT, fwd(syn1(40047)), ASSIGN_REFUSED),
+        Send("access", syn(40047), TC_ACT_REDIRECT, fwd(syn(40047)), NEW_BYPASS)],
+        rules={0: {"clients": ["198.18.0.0/15"], "servers": ["198.18.0.0/15"], "ports": [(80, 80)]}},
+        flows=[Flow(CLIENT1, 40047, SERVER1, 80, "flows_new", "bypass_failopen", graph=1),
+               Flow(CLIENT, 40047, SERVER, 80, "flows_new")]),
+    # -- 4, 5. the listener: PROXY, or fail open
+    Case("proxy", "a listener on listen_port: PROXY, not remembered; its later segments are no_flow", [
+        Send("access", syn(40001), TC_ACT_OK, counters=NEW_PROXY),
+        Send("origin", reply(80, 40001), TC_ACT_OK, counters=NO_FLOW),
+        Send("access", ack(40001), TC_ACT_OK, counters=NO_FLOW)],
+        flows=[Flow(CLIENT, 40001, SERVER, 80, None)]),
+    Case("proxy-v6", "the dual-stack listener takes IPv6 SYNs too", [
+        Send("access", syn(40002, src=CLIENT6, dst=SERVER6), TC_ACT_OK, counters=NEW_PROXY)],
+        flows=[Flow(CLIENT6, 40002, SERVER6, 80, None)]),
+    Case("syn-retransmit-proxy", "a proxied flow is not remembered: its retransmitted SYN is decided again", [
         Send("access", syn(40018), TC_ACT_OK, counters=NEW_PROXY),
-        Send("access", syn(40018), TC_ACT_OK)]),
+        Send("access", syn(40018), TC_ACT_OK, counters=NEW_PROXY)]),
+    Case("failopen", "no listener: new SYNs fail open; the flow stays bypassed when the listener is back", [
+        listener(LPORT0, False),
+        Send("access", syn(40021), TC_ACT_REDIRECT, fwd(syn(40021)), FAILOPEN),
+        Send("origin", reply(80, 40021), TC_ACT_REDIRECT, fwd(reply(80, 40021)), BYPASSED),
+        listener(LPORT0, True),
+        Send("access", ack(40021), TC_ACT_REDIRECT, fwd(ack(40021)), PROMOTED),
+        Send("access", syn(40022), TC_ACT_OK, counters=NEW_PROXY)],
+        flows=[Flow(CLIENT, 40021, SERVER, 80, "flows", "bypass_failopen"), Flow(CLIENT, 40022, SERVER, 80, None)]),
+    Case("listen-port-0", "listen_port 0: the listener looked for is on the SYN's own port", [
+        graph_flags(0, fm.GRAPH_F_ENABLED, 0),
+        Send("access", syn(40024), TC_ACT_REDIRECT, fwd(syn(40024)), FAILOPEN),
+        listener(443, True),
+        Send("access", syn(40024, 443), TC_ACT_OK, counters=NEW_PROXY)],
+        flows=[Flow(CLIENT, 40024, SERVER, 80, "flows_new", "bypass_failopen"),
+               Flow(CLIENT, 40024, SERVER, 443, None)]),
+    Case("assign-refused", "ASSIGN (slot 1), listener up: bpf_sk_assign refuses in a test run: assign_failed, "
+         "fail open, forwarded", [
+        Send("access1", syn1(40120), TC_ACT_REDIRECT, fwd(syn1(40120)), ASSIGN_REFUSED),
+        Send("origin1", reply1(80, 40120), TC_ACT_REDIRECT, fwd(reply1(80, 40120)), BYPASSED)],
+        flows=[Flow(CLIENT1, 40120, SERVER1, 80, "flows_new", "bypass_failopen", state="synack_seen", graph=1)]),
+    Case("assign-no-listener", "ASSIGN (slot 1), no listener: fail open, no assign tried", [
+        listener(LPORT1, False),
+        Send("access1", syn1(40121), TC_ACT_REDIRECT, fwd(syn1(40121)), FAILOPEN)],
+        flows=[Flow(CLIENT1, 40121, SERVER1, 80, "flows_new", "bypass_failopen", graph=1)]),
+    Case("assign-own-socket", "ASSIGN (slot 1): segments of a tuple whose socket exists are handed to it, both "
+         "ways (refused in a test run: assign_failed); a tuple with no socket is no_flow", [
+        Send("access1", on_access(tcp(*EST_CLIENT, *EST_SERVER, "A", 1, 1), 1), TC_ACT_OK,
+             counters=cnt(assign_failed=1)),
+        Send("origin1", on_origin(tcp(*EST_SERVER, *EST_CLIENT, "PA", 1, 1) / b"x", 1), TC_ACT_OK,
+             counters=cnt(assign_failed=1)),
+        Send("access1", on_access(tcp(EST_CLIENT[0], EST_CLIENT[1] + 1, *EST_SERVER, "A", 1, 1), 1), TC_ACT_OK,
+             counters=NO_FLOW),
+        Send("access1", on_access(tcp(EST_CLIENT[0], EST_CLIENT[1] + 1, *EST_SERVER, "R", 1, 0), 1), TC_ACT_OK,
+             counters=NO_FLOW)]),
+    Case("syncookie-invalid", "ASSIGN (slot 1): an ACK of no socket with no valid SYN cookie is no_flow", [
+        Send("access1", ack1(40122, ack=123457), TC_ACT_OK, counters=NO_FLOW),
+        Send("origin1", reply1(80, 40122, flags="A", ack=1001), TC_ACT_OK, counters=NO_FLOW)]),
+    # -- the flow tables: handshake, promotion, retransmissions, reuse, end
+    Case("syn-retransmit", "a retransmitted SYN keeps the verdict and is counted once", [
+        Send("access", syn(40017), TC_ACT_REDIRECT, fwd(syn(40017)), NEW_BYPASS),
+        Send("access", syn(40017), TC_ACT_REDIRECT, fwd(syn(40017)), BYPASSED)],
+        rules=C32, flows=[Flow(CLIENT, 40017, SERVER, 80, "flows_new", state="syn_seen")]),
+    Case("handshake", "SYN, SYN-ACK, ACK: the entry moves from flows_new to flows; data both ways", [
+        Send("access", syn(40014), TC_ACT_REDIRECT, fwd(syn(40014)), NEW_BYPASS),
+        Check([Flow(CLIENT, 40014, SERVER, 80, "flows_new", state="syn_seen")]),
+        Send("origin", reply(80, 40014), TC_ACT_REDIRECT, fwd(reply(80, 40014)), BYPASSED),
+        Check([Flow(CLIENT, 40014, SERVER, 80, "flows_new", state="synack_seen")]),
+        Send("access", ack(40014), TC_ACT_REDIRECT, fwd(ack(40014)), PROMOTED),
+        Send("access", ack(40014, flags="PA") / b"GET", TC_ACT_REDIRECT, fwd(ack(40014, flags="PA") / b"GET"),
+             BYPASSED),
+        Send("origin", reply(80, 40014, flags="PA", seq=5001, ack=1004) / b"OK", TC_ACT_REDIRECT,
+             fwd(reply(80, 40014, flags="PA", seq=5001, ack=1004) / b"OK"), BYPASSED)],
+        rules=C32, flows=[established(40014, fins=0)]),
+    Case("handshake-slot1", "a handshake on slot 1 (ASSIGN) promotes the flow under slot 1's key", [
+        Send("access1", syn1(40015), TC_ACT_REDIRECT, fwd(syn1(40015)), NEW_BYPASS),
+        Send("origin1", reply1(80, 40015), TC_ACT_REDIRECT, fwd(reply1(80, 40015)), BYPASSED),
+        Send("access1", ack1(40015), TC_ACT_REDIRECT, fwd(ack1(40015)), PROMOTED)],
+        rules=C32_1, flows=[Flow(CLIENT1, 40015, SERVER1, 80, "flows", state="established", graph=1),
+                            Flow(CLIENT1, 40015, SERVER1, 80, None, graph=0)]),
+    Case("syn-retransmit-established", "a retransmitted SYN of a promoted flow is forwarded, the entry kept", [
+        *handshake(40016),
+        Send("access", syn(40016), TC_ACT_REDIRECT, fwd(syn(40016)), BYPASSED)],
+        rules=C32, flows=[established(40016)]),
+    Case("wrong-ack", "an ACK not acking the SYN-ACK does not promote; the right one does", [
+        Send("access", syn(40050), TC_ACT_REDIRECT, fwd(syn(40050)), NEW_BYPASS),
+        Send("origin", reply(80, 40050), TC_ACT_REDIRECT, fwd(reply(80, 40050)), BYPASSED),
+        Send("access", ack(40050, ack=5002), TC_ACT_REDIRECT, fwd(ack(40050, ack=5002)), BYPASSED),
+        Send("access", ack(40050, ack=5000), TC_ACT_REDIRECT, fwd(ack(40050, ack=5000)), BYPASSED),
+        Check([Flow(CLIENT, 40050, SERVER, 80, "flows_new", state="synack_seen")]),
+        Send("access", ack(40050), TC_ACT_REDIRECT, fwd(ack(40050)), PROMOTED)],
+        rules=C32, flows=[established(40050)]),
+    Case("ack-before-synack", "an ACK from the opener before any SYN-ACK does not promote", [
+        Send("access", syn(40051), TC_ACT_REDIRECT, fwd(syn(40051)), NEW_BYPASS),
+        Send("access", ack(40051), TC_ACT_REDIRECT, fwd(ack(40051)), BYPASSED)],
+        rules=C32, flows=[Flow(CLIENT, 40051, SERVER, 80, "flows_new", state="syn_seen")]),
+    Case("ack-from-answerer", "an ACK acking the SYN-ACK but sent by its own side does not promote", [
+        Send("access", syn(40052), TC_ACT_REDIRECT, fwd(syn(40052)), NEW_BYPASS),
+        Send("origin", reply(80, 40052), TC_ACT_REDIRECT, fwd(reply(80, 40052)), BYPASSED),
+        Send("origin", reply(80, 40052, flags="A", ack=5001), TC_ACT_REDIRECT,
+             fwd(reply(80, 40052, flags="A", ack=5001)), BYPASSED)],
+        rules=C32, flows=[Flow(CLIENT, 40052, SERVER, 80, "flows_new", state="synack_seen")]),
+    Case("stale-synack", "a SYN-ACK answering another SYN on a bypassed flow's 4-tuple (HAProxy reusing its port "
+         "toward the origin) forgets the flow and is of no flow", [
+        Send("access", syn(40053), TC_ACT_REDIRECT, fwd(syn(40053)), NEW_BYPASS),
+        Send("origin", reply(80, 40053, ack=777001), TC_ACT_OK, counters=STALE),
+        Send("origin", reply(80, 40053, flags="A", ack=777001), TC_ACT_OK, counters=NO_FLOW)],
+        rules=C32, flows=[Flow(CLIENT, 40053, SERVER, 80, None)]),
+    Case("synack-from-opener", "a SYN-ACK from the opener's own side is another connection: stale", [
+        Send("access", syn(40054), TC_ACT_REDIRECT, fwd(syn(40054)), NEW_BYPASS),
+        Send("access", syn(40054, flags="SA", seq=9000, ack=1001), TC_ACT_OK, counters=STALE)],
+        rules=C32, flows=[Flow(CLIENT, 40054, SERVER, 80, None)]),
+    Case("stale-synack-established", "a SYN-ACK of another connection forgets a promoted flow too", [
+        *handshake(40055),
+        Send("origin", reply(80, 40055, ack=777001), TC_ACT_OK, counters=STALE)],
+        rules=C32, flows=[Flow(CLIENT, 40055, SERVER, 80, None)]),
+    Case("synack-retransmit-established", "a retransmitted SYN-ACK of a promoted flow is forwarded", [
+        *handshake(40056),
+        Send("origin", reply(80, 40056), TC_ACT_REDIRECT, fwd(reply(80, 40056)), BYPASSED)],
+        rules=C32, flows=[established(40056)]),
     Case("new-isn", "after a rule change, the same SYN keeps its verdict; a new ISN is decided anew", [
-        Send("access", syn(40019), TC_ACT_REDIRECT, to_origin(syn(40019)), NEW_BYPASS),
-        del_rules(**C32),
-        Send("access", syn(40019), TC_ACT_REDIRECT, to_origin(syn(40019)), BYPASSED),
+        Send("access", syn(40019), TC_ACT_REDIRECT, fwd(syn(40019)), NEW_BYPASS),
+        del_rules(0, clients=[f"{CLIENT}/32"]),
+        Send("access", syn(40019), TC_ACT_REDIRECT, fwd(syn(40019)), BYPASSED),
         Send("access", syn(40019, seq=7777), TC_ACT_OK, counters=NEW_PROXY)],
-        rules=C32, flows=[Flow(CLIENT, 40019, SERVER, 80, "proxy", 7777)]),
+        rules=C32, flows=[Flow(CLIENT, 40019, SERVER, 80, None)]),
+    Case("new-isn-established", "a SYN of a new ISN on a promoted flow's 4-tuple: the entry goes, decided anew", [
+        *handshake(40057),
+        Send("access", syn(40057, seq=7777), TC_ACT_REDIRECT, fwd(syn(40057, seq=7777)), NEW_BYPASS)],
+        rules=C32, flows=[Flow(CLIENT, 40057, SERVER, 80, "flows_new", syn_seq=7777, state="syn_seen")]),
     Case("rule-removed-mid-flow", "removing the rule does not break a bypassed flow", [
-        Send("access", syn(40020), TC_ACT_REDIRECT, to_origin(syn(40020)), NEW_BYPASS),
-        del_rules(**C32),
-        Send("origin", reply(80, 40020), TC_ACT_REDIRECT, to_access(reply(80, 40020)), BYPASSED),
-        Send("access", ack(40020), TC_ACT_REDIRECT, to_origin(ack(40020)), BYPASSED)],
-        rules=C32, flows=[Flow(CLIENT, 40020, SERVER, 80, "bypass_rule")]),
+        Send("access", syn(40020), TC_ACT_REDIRECT, fwd(syn(40020)), NEW_BYPASS),
+        del_rules(0, clients=[f"{CLIENT}/32"]),
+        Send("origin", reply(80, 40020), TC_ACT_REDIRECT, fwd(reply(80, 40020)), BYPASSED),
+        Send("access", ack(40020), TC_ACT_REDIRECT, fwd(ack(40020)), PROMOTED)],
+        rules=C32, flows=[established(40020)]),
     Case("rule-added-mid-flow", "adding a rule does not move a proxied flow", [
         Send("access", syn(40045), TC_ACT_OK, counters=NEW_PROXY),
-        Do("add the client's /32", lambda pins: bm.add_rules(pins, **C32)),
-        Send("access", ack(40045), TC_ACT_OK)],
-        flows=[Flow(CLIENT, 40045, SERVER, 80, "proxy")]),
-    # -- fail-open
-    Case("failopen", "proxy down: new SYNs fail open (bypass), an old PROXY flow stays PROXY", [
-        Send("access", syn(40021), TC_ACT_OK, counters=NEW_PROXY),
-        proxy(False),
-        Send("access", syn(40022), TC_ACT_REDIRECT, to_origin(syn(40022)),
-             cnt(flows_bypass_failopen=1, pkts_bypassed=1)),
-        Send("access", ack(40021), TC_ACT_OK),
-        Send("origin", reply(80, 40022), TC_ACT_REDIRECT, to_access(reply(80, 40022)), BYPASSED),
-        proxy(True),
-        Send("access", ack(40022), TC_ACT_REDIRECT, to_origin(ack(40022)), BYPASSED)],
-        flows=[Flow(CLIENT, 40021, SERVER, 80, "proxy"), Flow(CLIENT, 40022, SERVER, 80, "bypass_failopen")]),
+        add_rules(0, clients=[f"{CLIENT}/32"]),
+        Send("access", ack(40045), TC_ACT_OK, counters=NO_FLOW)],
+        flows=[Flow(CLIENT, 40045, SERVER, 80, None)]),
+    Case("rst-new", "a RST in flows_new (port closed at the origin) deletes the entry and is forwarded", [
+        Send("access", syn(40058), TC_ACT_REDIRECT, fwd(syn(40058)), NEW_BYPASS),
+        Send("origin", reply(80, 40058, flags="RA", seq=0), TC_ACT_REDIRECT, fwd(reply(80, 40058, flags="RA", seq=0)),
+             BYPASSED),
+        Send("access", ack(40058), TC_ACT_OK, counters=NO_FLOW)],
+        rules=C32, flows=[Flow(CLIENT, 40058, SERVER, 80, None)]),
+    Case("fin-fin", "a FIN from each side makes a promoted flow closing (its linger timer set)", [
+        *handshake(40059),
+        Send("access", ack(40059, flags="FA"), TC_ACT_REDIRECT, fwd(ack(40059, flags="FA")), BYPASSED),
+        Check([established(40059, fins=1)]),
+        Send("origin", reply(80, 40059, flags="FA", seq=5001, ack=1002), TC_ACT_REDIRECT,
+             fwd(reply(80, 40059, flags="FA", seq=5001, ack=1002)), BYPASSED),
+        Send("access", ack(40059, ack=5002), TC_ACT_REDIRECT, fwd(ack(40059, ack=5002)), BYPASSED)],
+        rules=C32, flows=[Flow(CLIENT, 40059, SERVER, 80, "flows", state="closing", fins=3)]),
+    Case("fin-one-side", "FINs from one side only (retransmitted) do not close", [
+        *handshake(40060),
+        Send("origin", reply(80, 40060, flags="FA", seq=5001, ack=1001), TC_ACT_REDIRECT,
+             fwd(reply(80, 40060, flags="FA", seq=5001, ack=1001)), BYPASSED),
+        Send("origin", reply(80, 40060, flags="FA", seq=5001, ack=1001), TC_ACT_REDIRECT,
+             fwd(reply(80, 40060, flags="FA", seq=5001, ack=1001)), BYPASSED)],
+        rules=C32, flows=[established(40060, fins=2)]),
+    Case("rst-established", "a RST makes a promoted flow closing; late segments are still forwarded", [
+        *handshake(40061),
+        Send("access", ack(40061, flags="R", ack=0), TC_ACT_REDIRECT, fwd(ack(40061, flags="R", ack=0)), BYPASSED),
+        Send("origin", reply(80, 40061, flags="PA", seq=5001) / b"late", TC_ACT_REDIRECT,
+             fwd(reply(80, 40061, flags="PA", seq=5001) / b"late"), BYPASSED)],
+        rules=C32, flows=[Flow(CLIENT, 40061, SERVER, 80, "flows", state="closing", fins=0)]),
+    Case("closing-reused", "a SYN of a new ISN on a closing flow's 4-tuple is a new flow", [
+        *handshake(40062),
+        Send("origin", reply(80, 40062, flags="R", seq=5001, ack=0), TC_ACT_REDIRECT,
+             fwd(reply(80, 40062, flags="R", seq=5001, ack=0)), BYPASSED),
+        Check([Flow(CLIENT, 40062, SERVER, 80, "flows", state="closing")]),
+        del_rules(0, clients=[f"{CLIENT}/32"]),
+        Send("access", syn(40062, seq=9999), TC_ACT_OK, counters=NEW_PROXY)],
+        rules=C32, flows=[Flow(CLIENT, 40062, SERVER, 80, None)]),
     # -- TTL
     Case("ttl1", "TTL 1 on a bypassed flow: dropped, ttl_expired; a later TTL 2 is routed", [
-        Send("access", syn(40024, ttl=1), TC_ACT_SHOT, counters=cnt(flows_bypass_rule=1, pkts_ttl_expired=1)),
-        Send("access", syn(40024, ttl=2), TC_ACT_REDIRECT, to_origin(syn(40024, ttl=2)), BYPASSED)],
+        Send("access", syn(40025, ttl=1), TC_ACT_SHOT, counters=cnt(flows_bypass_rule=1, pkts_ttl_expired=1)),
+        Send("access", syn(40025, ttl=2), TC_ACT_REDIRECT, fwd(syn(40025, ttl=2)), BYPASSED)],
         rules=C32),
     Case("ttl0", "TTL 0 is expired too", [
-        Send("access", syn(40046, ttl=0), TC_ACT_SHOT,
-             counters=cnt(flows_bypass_rule=1, pkts_ttl_expired=1))],
+        Send("access", syn(40026, ttl=0), TC_ACT_SHOT, counters=cnt(flows_bypass_rule=1, pkts_ttl_expired=1))],
         rules=C32),
     Case("hlim1", "hop limit 1 on a bypassed IPv6 flow: dropped, ttl_expired", [
-        Send("access", syn(40025, src=CLIENT6, dst=SERVER6, hlim=1), TC_ACT_SHOT,
+        Send("access", syn(40027, src=CLIENT6, dst=SERVER6, ttl=1), TC_ACT_SHOT,
              counters=cnt(flows_bypass_rule=1, pkts_ttl_expired=1))],
-        rules={"clients": ["2001:2:0:1::/64"]}),
+        rules={0: {"clients": ["2001:2:0:1::/64"]}}),
     Case("ttl1-proxied", "TTL 1 on a proxied flow is the stack's business", [
-        Send("access", syn(40026, ttl=1), TC_ACT_OK, counters=NEW_PROXY)]),
+        Send("access", syn(40028, ttl=1), TC_ACT_OK, counters=NEW_PROXY)]),
     # -- what the FIB says
     Case("no-neigh", "next hop without a neighbour entry: bpf_redirect_neigh, TTL - 1, MACs by the kernel", [
-        Send("access", syn(40027, dst=FAR_SERVER), TC_ACT_REDIRECT, ttl_only(syn(40027, dst=FAR_SERVER)),
+        Send("access", syn(40029, dst=FAR_SERVER), TC_ACT_REDIRECT, ttl_only(syn(40029, dst=FAR_SERVER)),
              NEW_BYPASS)],
-        rules={"servers": ["198.19.1.0/24"]}),
+        rules={0: {"servers": ["198.19.8.0/24"]}}),
     Case("no-neigh-v6", "IPv6 next hop without a neighbour entry: bpf_redirect_neigh", [
-        Send("access", syn(40028, src=CLIENT6, dst=FAR_SERVER6), TC_ACT_REDIRECT,
-             ttl_only(syn(40028, src=CLIENT6, dst=FAR_SERVER6)), NEW_BYPASS)],
-        rules={"servers": ["2001:2:0:3::/64"]}),
+        Send("access", syn(40030, src=CLIENT6, dst=FAR_SERVER6), TC_ACT_REDIRECT,
+             ttl_only(syn(40030, src=CLIENT6, dst=FAR_SERVER6)), NEW_BYPASS)],
+        rules={0: {"servers": ["2001:2:0:3::/64"]}}),
     Case("blackhole", "no usable route: dropped, fib_miss", [
-        Send("access", syn(40029, dst=HOLE_SERVER), TC_ACT_SHOT,
-             counters=cnt(flows_bypass_rule=1, pkts_fib_miss=1))],
-        rules={"servers": ["198.19.9.0/24"]}),
-    Case("local-destination", "a bypassed flow to the namespace's own address is delivered by the stack", [
-        Send("access", syn(40033, 22, dst=S_IN4), TC_ACT_OK, counters=cnt(flows_bypass_rule=1))],
+        Send("access", syn(40031, dst=HOLE_SERVER), TC_ACT_SHOT, counters=cnt(flows_bypass_rule=1, pkts_fib_miss=1))],
+        rules={0: {"servers": ["198.19.9.0/24"]}}),
+    Case("local-destination", "a bypassed flow to an address of the namespace that is not the graph's: the "
+         "stack delivers it", [
+        Send("access", syn(40033, 80, dst=OTHER_LOCAL), TC_ACT_OK, counters=cnt(flows_bypass_rule=1))],
         rules=C32),
-    # -- not one of our interfaces
-    Case("unregistered-if", "an interface with no side_config entry: untouched, uncounted, unremembered", [
-        Send("unregistered", syn(40034), TC_ACT_OK)],
-        rules=C32, flows=[Flow(CLIENT, 40034, SERVER, 80, None)]),
 ]
 
 
@@ -393,55 +662,130 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
 
+def _listen(port: int) -> socket.socket:
+    """A listener as HAProxy opens it: the graph's listen_port dual stack; slot 1's transparent (it
+    answers for the addresses it intercepts)."""
+    if port == LPORT1:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_IP, IP_TRANSPARENT, 1)
+        addr: tuple = ("0.0.0.0", port)
+    else:
+        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        addr = ("::", port)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(addr)
+    s.listen(16)
+    return s
+
+
+def _established_pair() -> tuple[socket.socket, socket.socket]:
+    """A real connection EST_CLIENT -> EST_SERVER (over lo: both are addresses of the namespace)."""
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(EST_SERVER)
+    srv.listen(1)
+    cli = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        cli.bind(EST_CLIENT)
+        cli.settimeout(5)
+        cli.connect(EST_SERVER)
+        srv.settimeout(5)
+        conn, _ = srv.accept()
+    finally:
+        srv.close()
+    return cli, conn
+
+
+def _rst_close(s: socket.socket) -> None:
+    """Closes with a RST: no FIN_WAIT orphan left retransmitting."""
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()
+
+
 @dataclass
-class Bypass:
+class FlowDatapath:
     pins: str
     prog: bpfsys.Prog
     run_in_ns: object               # NetnsRunner
+    ns: str
+    listeners: dict[int, socket.socket] = field(default_factory=dict)
+    sockets: list[socket.socket] = field(default_factory=list)
 
     def run(self, side: str, frame: bytes) -> bpfsys.TestRun:
-        return self.run_in_ns(self.prog.test_run, frame, bpfsys.skb_ctx(IFINDEX[side]))
+        return self.run_in_ns(self.prog.test_run, frame, bpfsys.skb_ctx(SIDES[side][0]))
 
-    def counters(self) -> dict[str, int]:
-        return bm.read_counters(self.pins)
+    def counters(self) -> dict[int, dict[str, int]]:
+        return {slot: fm.read_counters(self.pins, slot) for slot in SLOTS}
+
+    def listen(self, port: int) -> None:
+        if port not in self.listeners:
+            self.listeners[port] = self.run_in_ns(_listen, port)
+
+    def unlisten(self, port: int) -> None:
+        s = self.listeners.pop(port, None)
+        if s is not None:
+            s.close()
+
+    def write_lpm(self, name: str, slot: int, net: str, value: bytes) -> None:
+        with fm.open_map(self.pins, name) as m:
+            fm.write_keys(m, [fm.lpm_key(net, slot)], value)
 
     def reset(self) -> None:
-        """No rule at all and the proxy up: what every case starts from."""
-        for name in ("bypass_client4", "bypass_server4", "bypass_client6", "bypass_server6"):
-            with bm.open_map(self.pins, name) as m:
+        """What every case starts from: no rule, no flow, slots 0 and 1 as G0 and G1, slot 2 unset,
+        the two graph listeners open and no other."""
+        for name in ("bypass_client4", "bypass_server4", "bypass_client6", "bypass_server6", "bypass_ports",
+                     "intercept_ports", "graph_addrs", "flows_new", "flows"):
+            with fm.open_map(self.pins, name) as m:
                 for key in list(m.keys()):
-                    m.delete(key)
-        bm.del_rules(self.pins, ports=[(0, bm.BYPASS_PORTS_MAX - 1)])
-        bm.set_proxy_up(self.pins, True)
+                    m.delete(key, missing_ok=True)
+        fm.set_graph(self.pins, 0, **G0)
+        fm.set_graph(self.pins, 1, **G1)
+        fm.set_flags(self.pins, 2, 0, 0)
+        for port in set(self.listeners) - {LPORT0, LPORT1}:
+            self.unlisten(port)
+        self.listen(LPORT0)
+        self.listen(LPORT1)
 
     def flow(self, f: Flow) -> dict | None:
-        key = bm.flow_key(f.sub, f.sub_port, f.org, f.org_port)
-        with bm.open_map(self.pins, "flow_table") as m:
-            value = m.lookup(key)
-        return None if value is None else bm.decode_flow(key, value)
+        """f's entry as decode_flow gives it (from flows_new or flows); None when in neither. An
+        entry in both tables is an error."""
+        key = fm.flow_key(f.sub, f.sub_port, f.org, f.org_port, f.graph)
+        found = []
+        for name in ("flows_new", "flows"):
+            with fm.open_map(self.pins, name) as m:
+                value = m.lookup(key)
+            if value is not None:
+                found.append(fm.decode_flow(key, value))
+        assert len(found) < 2, f"{f} is in both flows_new and flows: {found}"
+        return found[0] if found else None
+
+    def close(self) -> None:
+        for port in list(self.listeners):
+            self.unlisten(port)
+        for s in self.sockets:
+            _rst_close(s)
+        self.sockets.clear()
 
 
 @pytest.fixture(scope="module")
-def bypass(pin_dir, netns, bpf_loadall):
+def flowdp(pin_dir, netns, bpf_loadall):
     ns, run_in_ns = netns
     for argv in NETNS_SETUP:
         r = _run(["ip", "-n", ns, *argv])
         if r.returncode != 0:
             pytest.skip(f"ip -n {ns} {' '.join(argv)}: {r.stderr.strip()}")
-    r = _run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=1",
-              "net.ipv6.conf.all.forwarding=1"])
-    assert r.returncode == 0, f"forwarding on in {ns}: {r.stderr}"
+    r = _run(["ip", "netns", "exec", ns, "sysctl", "-qw", *SYSCTLS])
+    assert r.returncode == 0, f"sysctl {SYSCTLS} in {ns}: {r.stderr}"
 
     bpf_loadall(OBJECT, pin_dir)
-    pins = str(pin_dir)
-    bm.set_side(pins, C_IN, bm.SIDE_ACCESS, S_IN)
-    bm.set_side(pins, S_IN, bm.SIDE_ORIGIN, C_IN)
-    prog = bpfsys.Prog(str(pin_dir / "prog" / bm.PROGRAM))
+    prog = bpfsys.Prog(str(pin_dir / "prog" / fm.PROGRAM))
+    dp = FlowDatapath(str(pin_dir), prog, run_in_ns, ns)
     try:
-        b = Bypass(pins, prog, run_in_ns)
-        b.reset()
-        yield b
+        dp.sockets.extend(run_in_ns(_established_pair))
+        dp.reset()
+        yield dp
     finally:
+        dp.close()
         prog.close()
 
 
@@ -458,61 +802,92 @@ def _ip4_header_sum_ok(frame: bytes) -> bool:
     return total == 0xFFFF
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_golden(bypass, case: Case):
-    if case.rules:
-        bm.add_rules(bypass.pins, **case.rules)
-    try:
-        for n, step in enumerate(case.steps, 1):
-            if isinstance(step, Do):
-                step.fn(bypass.pins)
-                continue
-            frame = bytes(step.frame)
-            before = bypass.counters()
-            res = bypass.run(step.side, frame)
-            after = bypass.counters()
+def _moved(before: dict[int, dict[str, int]], after: dict[int, dict[str, int]]) -> dict[str, int]:
+    return {f"slot{slot}.{k}": after[slot][k] - before[slot][k]
+            for slot in SLOTS for k in after[slot] if after[slot][k] != before[slot][k]}
 
-            where = f"{case.id} ({case.desc}) step {n}, {step.side} side: {_show(step.frame)}"
-            assert res.retval == step.verdict, (
-                f"{where}: verdict expected {VERDICTS[step.verdict]}, "
-                f"got {VERDICTS.get(res.retval, res.retval)}")
-            want = bytes(step.out) if step.out is not None else frame
-            assert res.data == want, (
-                f"{where}: output bytes\n expected {want.hex()}\n got      {res.data.hex()}\n"
-                f" got as scapy: {Ether(res.data)!r}")
-            if res.retval == TC_ACT_REDIRECT and IP in Ether(res.data):
-                assert _ip4_header_sum_ok(res.data), f"{where}: IPv4 header checksum of the output is wrong"
-            moved = {k: after[k] - before[k] for k in after if after[k] != before[k]}
-            assert moved == step.counters, f"{where}: counter changes expected {step.counters}, got {moved}"
-    finally:
-        bypass.reset()
 
-    for f in case.flows:
-        got = bypass.flow(f)
-        if f.verdict is None:
-            assert got is None, f"{case.id}: flow_table must have no entry for {f}, has {got}"
+def _send(dp: FlowDatapath, step: Send, where: str) -> None:
+    frame = bytes(step.frame)
+    before = dp.counters()
+    res = dp.run(step.side, frame)
+    after = dp.counters()
+
+    assert res.retval == step.verdict, (
+        f"{where}: verdict expected {VERDICTS[step.verdict]}, got {VERDICTS.get(res.retval, res.retval)}")
+    want = bytes(step.out) if step.out is not None else frame
+    assert res.data == want, (
+        f"{where}: output bytes\n expected {want.hex()}\n got      {res.data.hex()}\n"
+        f" got as scapy: {Ether(res.data)!r}")
+    if res.retval == TC_ACT_REDIRECT and IP in Ether(res.data):
+        assert _ip4_header_sum_ok(res.data), f"{where}: IPv4 header checksum of the output is wrong"
+    mark = struct.unpack_from("=I", res.ctx, SKB_MARK_OFF)[0]
+    assert mark == 0, f"{where}: skb mark {mark:#x} left, but no socket can take a packet in a test run"
+    slot = SIDES[step.side][1]
+    want_moves = {f"slot{slot}.{k}": v for k, v in step.counters.items()}
+    assert not (step.counters and slot is None), f"{where}: counters given for a side of no slot"
+    got_moves = _moved(before, after)
+    assert got_moves == want_moves, f"{where}: counter changes expected {want_moves}, got {got_moves}"
+
+
+def _check_flows(dp: FlowDatapath, flows: list[Flow], where: str) -> None:
+    for f in flows:
+        got = dp.flow(f)
+        if f.table is None:
+            assert got is None, f"{where}: no entry expected for {f}, found {got}"
             continue
-        assert got is not None, f"{case.id}: flow_table has no entry for {f}"
-        assert (got["verdict"], got["syn_seq"]) == (f.verdict, f.syn_seq), \
-            f"{case.id}: entry {got}, expected {f}"
-        assert got["first_seen_ns"] > 0, f"{case.id}: first_seen_ns not set in {got}"
+        assert got is not None, f"{where}: no entry for {f} in flows_new or flows"
+        want = {"table": f.table, "verdict": f.verdict, "syn_seq": f.syn_seq, "graph": f.graph}
+        if f.state is not None:
+            want["state"] = f.state
+        if f.fins is not None:
+            want["fins"] = f.fins
+        assert {k: got.get(k) for k in want} == want, f"{where}: entry {got}, expected {want}"
+        assert got["first_seen_ns"] > 0, f"{where}: first_seen_ns not set in {got}"
+        if got["table"] == "flows":
+            assert got["last_seen_ns"] >= got["first_seen_ns"], f"{where}: last_seen_ns not set in {got}"
 
 
-def test_flows_lists_entries(bypass):
-    """flows() decodes the table: the access-side SYN of a fresh flow shows as subscriber -> origin."""
-    bypass.run("access", bytes(syn(40050, 443)))
-    got = [f for f in bm.flows(bypass.pins) if f["sub_port"] == 40050]
-    assert len(got) == 1, f"flows() entries for port 40050: {got}"
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_golden(flowdp, case: Case):
+    try:
+        for slot, rules in case.rules.items():
+            fm.add_rules(flowdp.pins, slot, **rules)
+        for n, step in enumerate(case.steps, 1):
+            where = f"{case.id} ({case.desc}) step {n}"
+            if isinstance(step, Do):
+                step.fn(flowdp)
+            elif isinstance(step, Check):
+                _check_flows(flowdp, step.flows, where)
+            else:
+                _send(flowdp, step, f"{where}, {step.side} side: {_show(step.frame)}")
+        _check_flows(flowdp, case.flows, f"{case.id} ({case.desc}) after the last step")
+    finally:
+        flowdp.reset()
+
+
+def test_case_ids_unique():
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids)), f"duplicate case ids: {sorted(i for i in ids if ids.count(i) > 1)}"
+
+
+def test_flows_lists_entries(flowdp):
+    """flows() decodes both tables and filters by graph: a bypassed flow of slot 1 from the origin side
+    shows as subscriber -> origin, with its opener's ISN."""
+    fm.add_rules(flowdp.pins, 1, ports=[(4011, 4011)])
+    try:
+        flowdp.run("origin1", bytes(reply1(80, 4011, flags="S", ack=0)))
+        flowdp.run("access", bytes(syn(40063)))   # proxied: not remembered
+        got = fm.flows(flowdp.pins, graph=1)
+        assert fm.flows(flowdp.pins, graph=0) == [], "slot 0 has no remembered flow"
+    finally:
+        flowdp.reset()
+    assert len(got) == 1, f"flows(graph=1): {got}"
     f = got[0]
-    assert (f["family"], f["subscriber"], f["origin"], f["org_port"], f["verdict"], f["syn_seq"]) == \
-        (4, CLIENT, SERVER, 443, "proxy", 1000), f"flows() entry {f}"
-
-
-def test_counters_match_header():
-    """COUNTERS of pepctl/bypass_maps.py is the order of enum bypass_counter."""
-    body = re.search(r"enum bypass_counter \{(.*?)\};", HEADER.read_text(), re.S).group(1)
-    names = re.findall(r"CNT_(\w+)", re.sub(r"/\*.*?\*/", "", body, flags=re.S))
-    assert names == [*(c.upper() for c in bm.COUNTERS), "MAX"], f"{HEADER}: {names}, pepctl: {bm.COUNTERS}"
+    assert {k: f[k] for k in ("table", "graph", "family", "subscriber", "sub_port", "origin", "org_port",
+                              "verdict", "syn_seq", "state", "opener")} == {
+        "table": "flows_new", "graph": 1, "family": 4, "subscriber": CLIENT1, "sub_port": 4011, "origin": SERVER1,
+        "org_port": 80, "verdict": "bypass_rule", "syn_seq": 5000, "state": "syn_seen", "opener": fm.SIDE_ORIGIN}
 
 
 def _map_flags(m: bpfsys.Map) -> int:
@@ -520,37 +895,125 @@ def _map_flags(m: bpfsys.Map) -> int:
         return int(dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)["map_flags"], 16)
 
 
-def test_maps_match_contract(bypass):
+def test_maps_match_contract(flowdp):
     """Shapes pepctl relies on: type, key and value size, max entries, flags of every pinned map."""
+    hash_, array, percpu_array, lru, lpm, no_prealloc = 1, 2, 6, 9, 11, 1
     want = {  # map: (type, key size, value size, max entries, flags)
-        "side_config": (1, 4, 8, 64, 0),                  # HASH ifindex -> struct side_config
-        "flow_table": (9, 40, 16, 262144, 0),             # LRU_HASH flow_key -> flow_value
-        "bypass_client4": (11, 8, 4, 1048576, 1),         # LPM_TRIE, BPF_F_NO_PREALLOC
-        "bypass_server4": (11, 8, 4, 1048576, 1),
-        "bypass_client6": (11, 20, 4, 1048576, 1),
-        "bypass_server6": (11, 20, 4, 1048576, 1),
-        "bypass_ports": (2, 4, 4, 65536, 0),              # ARRAY
-        "proxy_state": (2, 4, 8, 1, 0),
-        "bypass_stats": (6, 4, 8, len(bm.COUNTERS), 0),   # PERCPU_ARRAY of __u64
+        "graphs": (array, 4, fm.GRAPH_CONFIG.size, fm.GRAPHS_MAX, 0),
+        "graph_addrs": (hash_, fm.ADDR_KEY.size, 4, 65536, no_prealloc),
+        "bypass_ports": (hash_, fm.PORT_KEY.size, 4, 1048576, no_prealloc),
+        "intercept_ports": (hash_, fm.PORT_KEY.size, 4, 1048576, no_prealloc),
+        "bypass_client4": (lpm, fm.LPM4_KEY.size, 4, 1048576, no_prealloc),
+        "bypass_server4": (lpm, fm.LPM4_KEY.size, 4, 1048576, no_prealloc),
+        "bypass_client6": (lpm, fm.LPM6_KEY.size, 4, 1048576, no_prealloc),
+        "bypass_server6": (lpm, fm.LPM6_KEY.size, 4, 1048576, no_prealloc),
+        "flows_new": (lru, fm.FLOW_KEY.size, fm.FLOW_NEW.size, 262144, 0),
+        "flows": (hash_, fm.FLOW_KEY.size, fm.FLOW_EST.size, 1048576, no_prealloc),
+        "flow_stats": (percpu_array, 4, 8, fm.GRAPHS_MAX * len(fm.COUNTERS), 0),
     }
     got = {}
-    for name in bm.MAPS:
-        with bm.open_map(bypass.pins, name) as m:
+    for name in fm.MAPS:
+        with fm.open_map(flowdp.pins, name) as m:
             got[name] = (m.type, m.key_size, m.value_size, m.max_entries, _map_flags(m))
     assert got == want
 
 
-def test_bulk_rules_install(bypass):
-    """10,000 client /32s and /24s go in and out; a SYN from one of them is then bypassed."""
+def test_bulk_rules_install(flowdp):
+    """10,000 client /32s and /24s go in and out of slot 1; a SYN from one of them is then bypassed."""
     nets = [f"198.18.{i >> 8}.{i & 255}/32" for i in range(10000)] + [f"10.{i >> 8}.{i & 255}.0/24"
                                                                          for i in range(10000)]
-    done = bm.add_rules(bypass.pins, clients=nets)
+    done = fm.add_rules(flowdp.pins, 1, clients=nets)
     try:
         assert done["bypass_client4"] == 20000 and done["method"] in ("batch", "per-element"), done
-        res = bypass.run("access", bytes(syn(40060, src=CLIENT2)))
-        assert res.retval == TC_ACT_REDIRECT, "198.18.0.11 is among the rules: SYN must be bypassed"
+        res = flowdp.run("access1", bytes(syn1(40064)))
+        assert res.retval == TC_ACT_REDIRECT, f"{CLIENT1} is among slot 1's rules: SYN must be bypassed"
+        assert flowdp.flow(Flow(CLIENT1, 40064, SERVER1, 80, "flows_new", graph=1))["verdict"] == "bypass_rule"
     finally:
-        removed = bm.del_rules(bypass.pins, clients=nets)
+        removed = fm.del_rules(flowdp.pins, 1, clients=nets)
+        flowdp.reset()
     assert removed == {"bypass_client4": 20000}
-    dump = _run(["bpftool", "-j", "map", "dump", "pinned", bm.map_path(bypass.pins, "bypass_client4")])
-    assert dump.stdout.strip() in ("[]", ""), f"bypass_client4 not empty after del_rules: {dump.stdout[:200]}"
+    with fm.open_map(flowdp.pins, "bypass_client4") as m:
+        left = list(m.keys())
+    assert left == [], f"bypass_client4 not empty after del_rules: {len(left)} keys"
+
+
+# -- one handshake for real: the SYN cookie path -----------------------------------------------
+def _packet_socket(dev: str) -> socket.socket:
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))   # ETH_P_ALL
+    s.bind((dev, 0))
+    return s
+
+
+def _wait_synack(ps: socket.socket, sport: int, deadline_s: float = 5.0) -> Packet:
+    """The SYN-ACK to CLIENT1:sport that the peer receives, polled with a deadline."""
+    end = time.monotonic() + deadline_s
+    while (left := end - time.monotonic()) > 0:
+        if not select.select([ps], [], [], left)[0]:
+            break
+        pkt = Ether(ps.recv(65535))
+        if TCP in pkt and IP in pkt and pkt[IP].dst == CLIENT1 and pkt[TCP].dport == sport \
+                and pkt[TCP].flags == "SA":
+            return pkt
+    raise AssertionError(f"no SYN-ACK to {CLIENT1}:{sport} on pflc1p within {deadline_s} s")
+
+
+def test_syncookie_live(flowdp):
+    """flow_ingress attached for real to slot 1's c_in (pflc1, ASSIGN, listen_port 50081); the peer
+    pflc1p sends a SYN to 198.19.1.10:80 and, later, the ACK. Under tcp_syncookies=2 the transparent
+    listener answers the SYN (handed to it by bpf_sk_assign, PEP_LOCAL_MARK, fwmark rule) with a
+    cookie and keeps no state; the ACK then finds no socket of its own and reaches the listener only
+    through the cookie path. Right is told from wrong by the counters (flows_proxied for the SYN,
+    pkts_syncookie for the ACK), by test runs of the same ACK (a valid cookie makes it reach
+    bpf_sk_assign: assign_failed; a forged one: no_flow), and by accept() giving a socket whose local
+    address is the origin's 198.19.1.10:80."""
+    ns, sport = flowdp.ns, 40777
+    tc = ["nsenter", f"--net=/run/netns/{ns}", "tc"]
+    prog_pin = str(Path(flowdp.pins) / "prog" / fm.PROGRAM)
+    r = _run([*tc, "qdisc", "add", "dev", "pflc1", "clsact"])
+    assert r.returncode == 0, f"tc qdisc add dev pflc1 clsact in {ns}: {r.stderr}"
+    ps = conn = None
+    try:
+        r = _run([*tc, "filter", "add", "dev", "pflc1", "ingress", "bpf", "direct-action", "object-pinned",
+                  prog_pin])
+        assert r.returncode == 0, f"tc filter add dev pflc1 ingress bpf object-pinned {prog_pin}: {r.stderr}"
+        ps = flowdp.run_in_ns(_packet_socket, "pflc1p")
+        first = syn1(sport, seq=1000)
+
+        before = flowdp.counters()
+        ps.send(bytes(first))
+        synack = _wait_synack(ps, sport)
+        moved = _moved(before, flowdp.counters())
+        assert moved == {"slot1.flows_proxied": 1}, f"live SYN on pflc1: counter changes {moved}"
+        assert (synack[IP].src, synack[TCP].sport, synack[TCP].ack) == (SERVER1, 80, 1001), \
+            f"the listener's SYN-ACK: {synack!r}"
+        cookie = synack[TCP].seq
+
+        final = ack1(sport, seq=1001, ack=cookie + 1)
+        # Not cookie + 1: the cookie's low bits carry the MSS index (0-3), so a neighbour may be
+        # valid too. Bit 16 flipped moves that field out of range.
+        forged = (cookie ^ 0x10000) + 1
+        for acked, counters in ((forged, {"slot1.pkts_no_flow": 1}), (cookie + 1, {"slot1.assign_failed": 1})):
+            before = flowdp.counters()
+            res = flowdp.run("access1", bytes(ack1(sport, seq=1001, ack=acked)))
+            moved = _moved(before, flowdp.counters())
+            assert (res.retval, moved) == (TC_ACT_OK, counters), \
+                f"test run of the ACK acking {acked} (cookie {cookie}): verdict {res.retval}, counters {moved}"
+
+        listener = flowdp.listeners[LPORT1]
+        before = flowdp.counters()
+        ps.send(bytes(final))
+        listener.settimeout(5)
+        conn, peer = listener.accept()
+        moved = _moved(before, flowdp.counters())
+        assert moved == {"slot1.pkts_syncookie": 1}, f"live ACK on pflc1: counter changes {moved}"
+        assert (conn.getsockname(), peer) == ((SERVER1, 80), (CLIENT1, sport)), \
+            f"accepted: local {conn.getsockname()}, peer {peer}"
+    finally:
+        if conn is not None:
+            _rst_close(conn)
+        if ps is not None:
+            ps.close()
+        flowdp.listeners[LPORT1].settimeout(None)
+        r = _run([*tc, "qdisc", "del", "dev", "pflc1", "clsact"])
+        flowdp.reset()
+    assert r.returncode == 0, f"tc qdisc del dev pflc1 clsact in {ns}: {r.stderr}"

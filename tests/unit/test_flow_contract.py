@@ -1,5 +1,6 @@
-"""pepctl/bypass_maps.py speaks tc/pep_bypass.h: counter and verdict order, struct layouts (as a C
-compiler lays them out from the header itself), and the encoders' byte order."""
+"""pepctl/flow_maps.py speaks tc/pep_flow.h: counter, verdict, side and state order, flags and
+constants, struct layouts (as a C compiler lays them out from the header itself), and the
+encoders' byte order."""
 
 import ipaddress
 import os
@@ -9,84 +10,137 @@ import subprocess
 
 import pytest
 
-from pepctl import bypass_maps as bm
+from pepctl import flow_maps as fm
 
-HEADER = os.path.join(os.path.dirname(__file__), "..", "..", "tc", "pep_bypass.h")
+HEADER = os.path.join(os.path.dirname(__file__), "..", "..", "tc", "pep_flow.h")
 
 
-def _enum(name: str, prefix: str) -> list[str]:
+def _text(strip_comments: bool = True) -> str:
     with open(HEADER) as f:
-        text = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)
-    body = re.search(rf"enum {name} \{{(.*?)\}};", text, re.S).group(1)
-    return re.findall(rf"^\s*{prefix}([A-Z0-9_]+)", body, re.M)
+        text = f.read()
+    return re.sub(r"/\*.*?\*/", "", text, flags=re.S) if strip_comments else text
+
+
+def _enum(name: str) -> dict[str, int]:
+    """The members of enum name with their values (implicit ones counted on from the last)."""
+    body = re.search(rf"enum {name} \{{(.*?)\}};", _text(), re.S).group(1)
+    out, value = {}, -1
+    for member in (m.strip() for m in body.split(",")):
+        if not member:
+            continue
+        ident, _, explicit = member.partition("=")
+        value = int(explicit.strip(), 0) if explicit else value + 1
+        out[ident.strip()] = value
+    return out
+
+
+def _define(name: str) -> int:
+    m = re.search(rf"^#define {name}\s+(.+?)\s*$", _text(), re.M)
+    assert m, f"{HEADER} defines no {name}"
+    return int(m.group(1), 0)
 
 
 def test_counters_match_header_enum():
-    names = _enum("bypass_counter", "CNT_")
-    assert names[-1] == "MAX", f"CNT_MAX must close enum bypass_counter in {HEADER}, got {names[-1]}"
-    assert [n.lower() for n in names[:-1]] == list(bm.COUNTERS), \
-        f"pepctl/bypass_maps.py COUNTERS {bm.COUNTERS} != header {names[:-1]}"
+    members = _enum("flow_counter")
+    names = list(members)
+    assert names[-1] == "CNT_MAX", f"CNT_MAX must close enum flow_counter in {HEADER}, got {names[-1]}"
+    assert list(members.values()) == list(range(len(names))), f"enum flow_counter must count from 0: {members}"
+    assert [n.removeprefix("CNT_").lower() for n in names[:-1]] == list(fm.COUNTERS), \
+        f"pepctl/flow_maps.py COUNTERS {fm.COUNTERS} != header {names[:-1]}"
 
 
-def test_verdicts_and_sides_match_header():
-    with open(HEADER) as f:
-        text = f.read()
-    for value, name in bm.VERDICTS.items():
-        want = f"VERDICT_{name.upper()} = {value},"
-        assert want in text, f"{HEADER} has no {want}"
-    for want in (f"SIDE_ACCESS = {bm.SIDE_ACCESS},", f"SIDE_ORIGIN = {bm.SIDE_ORIGIN},"):
-        assert want in text, f"{HEADER} has no {want}"
-    assert re.search(rf"#define BYPASS_PORTS_MAX {bm.BYPASS_PORTS_MAX}\b", text)
+def test_verdicts_sides_states_match_header():
+    assert {v: k.removeprefix("VERDICT_").lower() for k, v in _enum("flow_verdict").items()} == fm.VERDICTS
+    assert {v: k.removeprefix("FLOW_").lower() for k, v in _enum("flow_state").items()} == fm.STATES
+    assert _enum("flow_side") == {"SIDE_ACCESS": fm.SIDE_ACCESS, "SIDE_ORIGIN": fm.SIDE_ORIGIN}
 
 
-LAYOUT_C = r"""
-#include <stdio.h>
-#include <stddef.h>
-#include <linux/types.h>
-#include "pep_bypass.h"
-#define F(s, f) printf(#s "." #f " %zu %zu\n", offsetof(struct s, f), sizeof(((struct s *)0)->f))
-int main(void)
-{
-    printf("side_config %zu\nlpm4_key %zu\nlpm6_key %zu\nflow_key %zu\nflow_value %zu\nproxy_state %zu\n",
-           sizeof(struct side_config), sizeof(struct lpm4_key), sizeof(struct lpm6_key),
-           sizeof(struct flow_key), sizeof(struct flow_value), sizeof(struct proxy_state));
-    F(flow_key, sub_addr); F(flow_key, org_addr); F(flow_key, sub_port); F(flow_key, org_port);
-    F(flow_key, family); F(flow_value, verdict); F(flow_value, syn_seq); F(flow_value, first_seen_ns);
-    F(lpm4_key, addr); F(lpm6_key, addr);
-    return 0;
+def test_flags_and_constants_match_header():
+    for name in ("GRAPH_F_ENABLED", "GRAPH_F_ASSIGN", "GRAPH_F_ALL_PORTS", "GRAPH_F_ORIGIN_SYNS"):
+        assert _define(name) == getattr(fm, name), f"{name}: header {_define(name):#x}, pepctl {getattr(fm, name):#x}"
+    assert _define("PEP_GRAPHS_MAX") == fm.GRAPHS_MAX
+    assert _define("PEP_IFINDEX_BASE") == fm.IFINDEX_BASE
+    assert _define("PEP_LOCAL_MARK") == fm.LOCAL_MARK
+    # A slot's two interfaces, and the last slot's origin side still an ifindex (a positive int).
+    assert fm.ifindexes(0) == (fm.IFINDEX_BASE, fm.IFINDEX_BASE + 1)
+    assert fm.ifindexes(fm.GRAPHS_MAX - 1)[1] < 2 ** 31
+    with pytest.raises(ValueError, match="slot 2048"):
+        fm.ifindexes(fm.GRAPHS_MAX)
+
+
+# Every struct of the header, and each field's offset and size.
+STRUCTS = {
+    "graph_config": ("flags", "listen_port", "pad"),
+    "port_key": ("graph", "port"),
+    "addr_key": ("graph", "addr"),
+    "lpm4_key": ("prefixlen", "graph", "addr"),
+    "lpm6_key": ("prefixlen", "graph", "addr"),
+    "flow_key": ("sub_addr", "org_addr", "sub_port", "org_port", "graph", "family", "pad"),
+    "flow_new": ("verdict", "syn_seq", "synack_seq", "opener", "state", "pad", "first_seen_ns"),
+    "flow_est": ("verdict", "syn_seq", "first_seen_ns", "last_seen_ns", "fins", "closing", "pad", "timer"),
 }
-"""
+FORMATS = {"graph_config": fm.GRAPH_CONFIG, "port_key": fm.PORT_KEY, "addr_key": fm.ADDR_KEY,
+           "lpm4_key": fm.LPM4_KEY, "lpm6_key": fm.LPM6_KEY, "flow_key": fm.FLOW_KEY, "flow_new": fm.FLOW_NEW,
+           "flow_est": fm.FLOW_EST}
+
+
+def _layout_c() -> str:
+    lines = [f'printf("{s} %zu\\n", sizeof(struct {s}));' for s in STRUCTS]
+    lines += [f"F({s}, {f});" for s, fields in STRUCTS.items() for f in fields]
+    return "\n".join([
+        "#include <stdio.h>", "#include <stddef.h>", "#include <linux/types.h>",
+        "#include <linux/bpf.h>   /* struct bpf_timer */", '#include "pep_flow.h"',
+        '#define F(s, f) printf(#s "." #f " %zu %zu\\n", offsetof(struct s, f), sizeof(((struct s *)0)->f))',
+        "int main(void)", "{", *lines, "return 0;", "}", ""])
+
+
+def _fields_of(fmt) -> list[tuple[int, int]]:
+    """(offset, size) of each field of a struct format; a run of padding ("x", "xx", "6x") is one field."""
+    out, off, pad = [], 0, False
+    for count, code in re.findall(r"(\d*)([a-zA-Z])", fmt.format.lstrip("=<>!@")):
+        n = int(count or 1)
+        if code == "x" and pad:
+            out[-1] = (out[-1][0], out[-1][1] + n)
+            off += n
+        elif code in "xs":
+            out.append((off, n))
+            off += n
+        else:
+            size = {"B": 1, "H": 2, "I": 4, "Q": 8}[code]
+            for _ in range(n):
+                out.append((off, size))
+                off += size
+        pad = code == "x"
+    return out
 
 
 def test_struct_layouts_match_header(tmp_path):
-    """The struct formats of bypass_maps.py have the sizes and offsets gcc gives the header's structs."""
+    """The struct formats of flow_maps.py have the sizes and field offsets gcc gives the header's
+    structs ("=" formats have no implicit padding, so every pad is a field on both sides)."""
     if shutil.which("gcc") is None:
         pytest.skip("gcc not installed: cannot lay out the header's structs")
     src = tmp_path / "layout.c"
-    src.write_text(LAYOUT_C)
+    src.write_text(_layout_c())
     exe = tmp_path / "layout"
     r = subprocess.run(["gcc", "-Wall", "-Werror", "-I", os.path.dirname(HEADER), "-o", str(exe), str(src)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, f"gcc on {HEADER}: {r.stderr}"
     got = dict(line.split(" ", 1) for line in subprocess.run([str(exe)], capture_output=True, text=True,
                                                                check=True).stdout.splitlines())
-    want = {
-        "side_config": bm.SIDE_CONFIG.size, "lpm4_key": bm.LPM4_KEY.size, "lpm6_key": bm.LPM6_KEY.size,
-        "flow_key": bm.FLOW_KEY.size, "flow_value": bm.FLOW_VALUE.size, "proxy_state": bm.PROXY_STATE.size,
-    }
-    assert {k: int(got[k]) for k in want} == want
-    # "=16s16s2s2sB3x" and "=IIQ": offset size of each field
-    fields = {"flow_key.sub_addr": "0 16", "flow_key.org_addr": "16 16", "flow_key.sub_port": "32 2",
-              "flow_key.org_port": "34 2", "flow_key.family": "36 1", "flow_value.verdict": "0 4",
-              "flow_value.syn_seq": "4 4", "flow_value.first_seen_ns": "8 8", "lpm4_key.addr": "4 4",
-              "lpm6_key.addr": "4 16"}
-    assert {k: got[k] for k in fields} == fields
+    for name, fields in STRUCTS.items():
+        fmt = FORMATS[name]
+        assert int(got[name]) == fmt.size, f"struct {name}: gcc says {got[name]} bytes, flow_maps.py {fmt.size}"
+        c_fields = [tuple(int(x) for x in got[f"{name}.{f}"].split()) for f in fields]
+        assert c_fields == _fields_of(fmt), \
+            f"struct {name} (offset, size) of {fields}: gcc {c_fields}, flow_maps.py {fmt.format}"
 
 
 def test_lpm_key_byte_order():
-    """prefixlen in host order, the address in network order (198.18.0.0 is c6 12 00 00)."""
-    assert bm.lpm_key("198.18.0.0/24") == (24).to_bytes(4, "little") + bytes([198, 18, 0, 0])
-    assert bm.lpm_key("2001:2::/48") == (48).to_bytes(4, "little") + bytes.fromhex("20010002") + bytes(12)
+    """prefixlen in host order counting the graph's 32 bits, the graph and the address in network
+    order (graph 1 is 00 00 00 01, 198.18.0.0 is c6 12 00 00)."""
+    assert fm.lpm_key("198.18.0.0/24", 1) == (56).to_bytes(4, "little") + bytes([0, 0, 0, 1, 198, 18, 0, 0])
+    assert fm.lpm_key("2001:2::/48", 0x0FAB) == ((80).to_bytes(4, "little") + bytes([0, 0, 0x0F, 0xAB])
+                                                 + bytes.fromhex("20010002") + bytes(12))
 
 
 @pytest.mark.parametrize("text", ["198.18.0.0/24", "198.18.0.11/32", "0.0.0.0/0", "2001:2:0:1::/64",
@@ -95,32 +149,52 @@ def test_lpm_key_byte_order():
 def test_fast_lpm_key_equals_ipaddress(text):
     """The inet_pton shortcut and ipaddress agree (a bare address is a /32 or /128 for both)."""
     net = ipaddress.ip_network(text)
-    assert bm.lpm_key(text) == bm.lpm_key(net)
+    assert fm.lpm_key(text, 7) == fm.lpm_key(net, 7)
 
 
 @pytest.mark.parametrize("text", ["198.18.0.5/24", "198.18.0.0/33", "198.18.0/24", "01.2.3.0/24",
                                   "2001:2::1/48", "2001:2::/129", "example/24", "198.18.0.0/-1"])
 def test_bad_networks_say_what(text):
     with pytest.raises(ValueError, match=re.escape(repr(text))):
-        bm.lpm_key(text)
+        fm.lpm_key(text, 0)
+
+
+def test_addr_key_and_port_key():
+    assert fm.ADDR_KEY.pack(3, fm.addr16("198.18.0.1")) == (
+        (3).to_bytes(4, "little") + bytes(10) + b"\xff\xff" + bytes([198, 18, 0, 1]))
+    assert fm.addr16("2001:2:0:1::1") == ipaddress.IPv6Address("2001:2:0:1::1").packed
+    assert fm.port_keys([(4011, 4011)], 2) == [(2).to_bytes(4, "little") + (4011).to_bytes(4, "little")]
 
 
 def test_flow_key_layout_and_round_trip():
-    key = bm.flow_key("198.18.0.10", 4011, "198.19.0.10", 80)
+    key = fm.flow_key("198.18.0.10", 4011, "198.19.0.10", 80, graph=0x0102)
     assert key[:16] == bytes(10) + b"\xff\xff" + bytes([198, 18, 0, 10])   # ::ffff:198.18.0.10
     assert key[32:34] == b"\x0f\xab" and key[34:36] == b"\x00\x50"       # ports in network order
-    assert key[36:] == b"\x04\0\0\0"
-    value = bm.FLOW_VALUE.pack(2, 1000, 123)
-    assert bm.decode_flow(key, value) == {
-        "family": 4, "subscriber": "198.18.0.10", "sub_port": 4011, "origin": "198.19.0.10", "org_port": 80,
-        "verdict": "bypass_rule", "syn_seq": 1000, "first_seen_ns": 123}
-    key6 = bm.flow_key("2001:2:0:1::10", 43791, "2001:2:0:2::10", 443)
-    assert bm.decode_flow(key6, value)["subscriber"] == "2001:2:0:1::10"
+    assert key[36:] == b"\x02\x01\x04\x00"                                 # graph host order, family, pad
+    new = fm.FLOW_NEW.pack(2, 1000, 5000, fm.SIDE_ORIGIN, 2, 123)
+    assert fm.decode_flow(key, new) == {
+        "graph": 0x0102, "family": 4, "subscriber": "198.18.0.10", "sub_port": 4011, "origin": "198.19.0.10",
+        "org_port": 80, "table": "flows_new", "state": "synack_seen", "opener": fm.SIDE_ORIGIN,
+        "synack_seq": 5000, "verdict": "bypass_rule", "syn_seq": 1000, "first_seen_ns": 123}
+    est = fm.FLOW_EST.pack(3, 1000, 123, 456, 3, 1, bytes(16))
+    assert fm.decode_flow(key, est) == {
+        "graph": 0x0102, "family": 4, "subscriber": "198.18.0.10", "sub_port": 4011, "origin": "198.19.0.10",
+        "org_port": 80, "table": "flows", "state": "closing", "fins": 3, "last_seen_ns": 456,
+        "verdict": "bypass_failopen", "syn_seq": 1000, "first_seen_ns": 123}
+    key6 = fm.flow_key("2001:2:0:1::10", 43791, "2001:2:0:2::10", 443)
+    assert fm.decode_flow(key6, new)["subscriber"] == "2001:2:0:1::10"
     with pytest.raises(ValueError, match="different IP versions"):
-        bm.flow_key("198.18.0.10", 1, "2001:2::1", 2)
+        fm.flow_key("198.18.0.10", 1, "2001:2::1", 2)
+
+
+def test_graph_config_encoding():
+    assert fm.graph_config(fm.GRAPH_F_ENABLED | fm.GRAPH_F_ASSIGN, 50080) == (
+        (3).to_bytes(4, "little") + (50080).to_bytes(2, "little") + bytes(2))
+    with pytest.raises(ValueError, match="70000"):
+        fm.graph_config(fm.GRAPH_F_ENABLED, 70000)
 
 
 def test_port_ranges_checked():
     with pytest.raises(ValueError, match="70000"):
-        bm._port_keys([(1, 70000)])
-    assert bm._port_keys([(80, 81), (81, 81)]) == [bm.U32.pack(80), bm.U32.pack(81)]
+        fm.port_keys([(1, 70000)], 0)
+    assert fm.port_keys([(80, 81), (81, 81)], 1) == [fm.PORT_KEY.pack(1, 80), fm.PORT_KEY.pack(1, 81)]
