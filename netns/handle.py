@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+from pepctl.runner import Journal
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEP_LAB = os.path.join(REPO, "scripts", "pep-lab")
 PEPCTL = os.path.join(REPO, "scripts", "pepctl")
@@ -41,8 +43,7 @@ class LabHandle:
     def __init__(self, name: str):
         self.name = name
         self.env = {**os.environ, "PEP_LAB": name}
-        with open(f"/run/peplab/{name}.json") as f:
-            self.rid = json.load(f)["meta"]["rid"]
+        self.rid = Journal(f"/run/peplab/{name}.json").meta["rid"]
         self.run_dir = f"/run/peplab/{self.rid}"
 
     def netns(self, node: str) -> str:
@@ -97,3 +98,96 @@ def wait_until(cond, *, timeout: float, what: str, interval: float = 0.05):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+# -- a bare proxy host, for pepctl's own tests ----------------------------------------------------
+# A one-graph config with {inst} for the instance; tests add to it.
+BASE = """
+[host]
+instance = "{inst}"
+nic = "nic0"
+run_dir = "/run/{inst}"
+bpf_dir = "/sys/fs/bpf/{inst}"
+supervisor = "pepctl"
+[host.tuning]
+irq_affinity = true
+rss_symmetric = true
+[[graph]]
+name = "g1"
+[graph.access]
+vlan = 100
+addresses = ["198.18.0.1/24", "2001:2:0:1::1/64"]
+[graph.origin]
+vlan = 200
+addresses = ["198.19.0.1/24", "2001:2:0:2::1/64"]
+[graph.proxy]
+ports = [80, "8000-8080"]
+"""
+
+SECOND_GRAPH = """
+[[graph]]
+name = "g2"
+[graph.access]
+vlan = 101
+addresses = ["198.18.1.1/24"]
+[graph.origin]
+vlan = 201
+addresses = ["198.19.1.1/24"]
+"""
+
+
+class BareHost:
+    def __init__(self, inst: str, ns: str, tmp):
+        self.inst, self.ns, self.tmp = inst, ns, tmp
+        self.configs: list[str] = []
+
+    def config(self, text: str, name: str = "pep.toml") -> str:
+        path = os.path.join(self.tmp, name)
+        with open(path, "w") as f:
+            f.write(text.format(inst=self.inst))
+        self.configs.append(path)
+        return path
+
+    """A bare proxy host: a namespace with a trunk NIC (nic0), where pepctl runs as on a real host.
+    snapshot() lists everything an instance could leave there, for before/after comparisons."""
+
+    def argv(self, conf: str, *args: str) -> list[str]:
+        return ["nsenter", f"--net=/run/netns/{self.ns}", PEPCTL, "-c", conf, *args]
+
+    def pepctl(self, conf: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        return subprocess.run(self.argv(conf, *args), capture_output=True, text=True, timeout=timeout)
+
+    def processes(self) -> list[str]:
+        """Command lines of the instance's processes: keeper, supervisor, HAProxy."""
+        out = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if f"/run/{self.inst}/" in cmd and ("haproxy" in cmd or "supervise" in cmd or " keep " in cmd):
+                out.append(cmd.strip())
+        return sorted(out)
+
+    def snapshot(self) -> dict:
+        def ls(path):
+            try:
+                return sorted(os.listdir(path))
+            except FileNotFoundError:
+                return []
+
+        def j(*cmd):
+            out = subprocess.run(["nsenter", f"--net=/run/netns/{self.ns}", *cmd], capture_output=True,
+                                 text=True).stdout
+            return json.loads(out) if out.strip() else []
+        return {
+            "netns": [n for n in ls("/run/netns") if n.startswith(self.inst) and n != self.ns],
+            "links": sorted(ln["ifname"] for ln in j("ip", "-j", "link")),
+            "qdiscs": sorted(q["kind"] for q in j("tc", "-j", "qdisc", "show", "dev", "nic0")),
+            "pins": [p for p in ls("/sys/fs/bpf") if p.startswith(self.inst)],
+            "run": [p for p in ls("/run") if p.startswith(self.inst)],
+            "processes": self.processes(),
+        }

@@ -270,7 +270,7 @@ def cmd_supervise(args, out) -> int:
 
 
 def cmd_keep(args, out) -> int:
-    return service.keep(args.instance_dir, args.journal)
+    return service.keep(args.instance_dir, args.journal, args.go_fd)
 
 
 COMMANDS = {
@@ -312,6 +312,7 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
             p.add_argument("instance_dir", metavar="INSTANCE_DIR")
         if name == "keep":
             p.add_argument("journal", metavar="JOURNAL")
+            p.add_argument("--go-fd", type=int, help="start once a byte arrives on this fd (`up` recorded the PID)")
     args = ap.parse_args(argv)
     args.config = os.path.abspath(args.config)
     if args.command not in ("plan", "supervise") and os.geteuid() != 0:

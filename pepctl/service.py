@@ -100,8 +100,18 @@ def _runs(pid: int, *words: str) -> bool:
 
 
 # -- the keeper -----------------------------------------------------------------------------------
-def keep(instance_dir: str, journal: str) -> int:
-    """Run the supervisor as its unit says, and again whenever it exits, until told to stop."""
+def keep(instance_dir: str, journal: str, go_fd: int | None = None) -> int:
+    """Run the supervisor as its unit says, and again whenever it exits, until told to stop.
+
+    go_fd: `up` writes one byte on it once it has recorded this keeper's PID; if `up` dies first,
+    the pipe closes empty and the keeper exits before starting anything: every process `up`
+    starts is in its journal before it does anything."""
+    if go_fd is not None:
+        go = os.read(go_fd, 1)
+        os.close(go_fd)
+        if not go:
+            print("keeper: `pepctl up` died before recording this keeper; exiting", flush=True)
+            return 0
     unit = read_unit()
     argv = supervisor_argv(unit, instance_dir)
     delay = _seconds(unit_value(unit, "RestartSec", "100ms"))
@@ -173,11 +183,16 @@ def start_supervisor(how: str, instance_dir: str, journal: str, keeper_pid: str,
     if how == "systemd":
         run(["systemctl", "start", unit])
     else:
+        go_r, go_w = os.pipe()
         with open(keeper_log, "ab") as logf:
-            proc = subprocess.Popen([PEPCTL, "keep", instance_dir, journal], stdin=subprocess.DEVNULL,
-                                    stdout=logf, stderr=logf, start_new_session=True)
+            proc = subprocess.Popen([PEPCTL, "keep", instance_dir, journal, "--go-fd", str(go_r)],
+                                    stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
+                                    pass_fds=(go_r,))
+        os.close(go_r)
         with open(keeper_pid, "w") as f:
             f.write(f"{proc.pid}\n")
+        os.write(go_w, b"!")   # recorded: the keeper may start the supervisor
+        os.close(go_w)
 
     def ready() -> bool:
         state = read_state(state_path)

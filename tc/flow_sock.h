@@ -57,7 +57,8 @@ static __always_inline long hand_to(struct __sk_buff *skb, struct bpf_sock *sk)
 {
 	long err = bpf_sk_assign(skb, sk, 0);
 
-
+	if (!err)
+		skb->mark = PEP_LOCAL_MARK;
 	return err;
 }
 

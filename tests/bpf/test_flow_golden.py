@@ -375,9 +375,10 @@ CASES = [
     Case("intercept-byte-order", "intercept port 4011 (0x0FAB) is intercepted, 43791 (0xAB0F) is not", [
         Send("access", syn(40111, 4011), TC_ACT_OK, counters=NEW_PROXY),
         Send("access", syn(40112, 43791), TC_ACT_OK, counters=cnt(flows_not_intercepted=1))]),
-    Case("origin-syn-not-intercepted", "slot 0 intercepts no origin-side SYN, a client rule notwithstanding", [
-        Send("origin", reply(80, 40113, flags="S", ack=0), TC_ACT_OK, counters=cnt(flows_not_intercepted=1))],
-        rules=C32, flows=[Flow(CLIENT, 40113, SERVER, 80, None, syn_seq=5000)]),
+    Case("origin-syn-not-intercepted", "slot 0 intercepts no origin-side SYN, to an intercepted port and a "
+         "client rule notwithstanding", [
+        Send("origin", reply(40113, 80, flags="S", ack=0), TC_ACT_OK, counters=cnt(flows_not_intercepted=1))],
+        rules=C32, flows=[Flow(CLIENT, 80, SERVER, 40113, None, syn_seq=5000)]),
     Case("origin-syn-slot1", "slot 1 (ORIGIN_SYNS) decides origin-side SYNs: the port rule is the SYN's "
          "destination port, the subscriber its destination", [
         Send("origin1", reply1(80, 4011, flags="S", ack=0), TC_ACT_REDIRECT,
@@ -890,6 +891,28 @@ def test_flows_lists_entries(flowdp):
         "org_port": 80, "verdict": "bypass_rule", "syn_seq": 5000, "state": "syn_seen", "opener": fm.SIDE_ORIGIN}
 
 
+def test_last_seen_refresh(flowdp):
+    """last_seen_ns of a promoted flow is written at most once per FLOW_TOUCH_NS (1 s): not by a
+    segment right after the promotion, but by one 1.1 s later. (The timers' expiry, 60 s and 6 h,
+    is left to the namespace tests; that they were armed shows only as the closing state.)"""
+    fm.add_rules(flowdp.pins, 0, clients=[f"{CLIENT}/32"])
+    flow = established(40065)
+    try:
+        for step in handshake(40065):
+            assert flowdp.run(step.side, bytes(step.frame)).retval == TC_ACT_REDIRECT
+        promoted_at = time.monotonic()
+        seen = flowdp.flow(flow)["last_seen_ns"]
+        flowdp.run("access", bytes(ack(40065, flags="PA") / b"x"))
+        if time.monotonic() - promoted_at < 0.5:   # else this machine was too busy to tell
+            assert flowdp.flow(flow)["last_seen_ns"] == seen, "last_seen_ns rewritten within FLOW_TOUCH_NS"
+        time.sleep(1.1)
+        flowdp.run("origin", bytes(reply(80, 40065, flags="A", seq=5001, ack=1002)))
+        later = flowdp.flow(flow)["last_seen_ns"]
+    finally:
+        flowdp.reset()
+    assert later > seen + 1_000_000_000, f"last_seen_ns {seen} -> {later} after 1.1 s"
+
+
 def _map_flags(m: bpfsys.Map) -> int:
     with open(f"/proc/self/fdinfo/{m.fd}") as f:
         return int(dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)["map_flags"], 16)
@@ -998,6 +1021,14 @@ def test_syncookie_live(flowdp):
             moved = _moved(before, flowdp.counters())
             assert (res.retval, moved) == (TC_ACT_OK, counters), \
                 f"test run of the ACK acking {acked} (cookie {cookie}): verdict {res.retval}, counters {moved}"
+        # The valid cookie of a port slot 1 would not intercept (ALL_PORTS off, intercept_ports empty)
+        # is never checked: no_flow.
+        fm.set_flags(flowdp.pins, 1, G1["flags"] & ~fm.GRAPH_F_ALL_PORTS, LPORT1)
+        before = flowdp.counters()
+        flowdp.run("access1", bytes(final))
+        fm.set_flags(flowdp.pins, 1, G1["flags"], LPORT1)
+        moved = _moved(before, flowdp.counters())
+        assert moved == {"slot1.pkts_no_flow": 1}, f"valid cookie, port 80 not intercepted: counters {moved}"
 
         listener = flowdp.listeners[LPORT1]
         before = flowdp.counters()
