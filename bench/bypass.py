@@ -14,7 +14,7 @@ rep); the ratio is the median of each rep's ratio (bench/common.py paired_ratio)
     directions; only the flow table is looked up;
   the time to load 100,000 rules: wall time of the command, and of its map writes alone.
 Then the kernel's own time for the program (bench/bypass_ktime.py: BPF_PROG_TEST_RUN on private
-loads of tc/bypass.o holding the same rules): per first SYN, where the rules are looked up, and per
+loads of tc/flow.o holding the same rules): per first SYN, where the rules are looked up, and per
 established packet. The machine's drift, a quarter from minute to minute here, does not reach it.
 Before measuring, each lab shows its flows are bypassed (flows_bypass_rule grows, HAProxy's
 sessions do not); every measurement checks it again.
@@ -34,9 +34,9 @@ import time
 from contextlib import ExitStack
 
 from netns.handle import PYTHON, REPO, LabHandle
-from pepctl import bypass, bypass_maps
+from pepctl import bypass, flow_maps
 from pepctl import config as configmod
-from pepctl.proxy_plan import bypass_load_argv
+from pepctl.plan import FLOW_OBJ, loadall_argv
 
 from .common import git_rev, median, paired_ratio, write_report
 
@@ -68,13 +68,13 @@ class Lab:
     def __init__(self, handle: LabHandle):
         self.h = handle
         cfg = configmod.load(os.path.join(handle.run_dir, "pep.toml"))
-        self.pins = bypass.graph_pins(cfg, cfg.graphs[0])
+        self.pins = bypass.pins(cfg)
 
     def counters(self) -> dict[str, int]:
-        return bypass_maps.read_counters(self.pins)
+        return flow_maps.read_counters(self.pins, 0)
 
     def sessions(self) -> int:
-        return self.h.status()["pepctl"]["graphs"][0]["proxy"]["sessions_total"]
+        return self.h.status()["pepctl"]["graphs"][0]["proxy"]["haproxy"]["sessions_total"]
 
 
 def install(lab: Lab, rules: list[str], folder: str) -> dict:
@@ -151,15 +151,15 @@ def stream_pps(lab: Lab, name: str, seconds: float) -> float:
 
 
 def kernel_times(lab: Lab) -> dict:
-    """Private loads of tc/bypass.o with each variant's rules, timed by bench/bypass_ktime.py in the
+    """Private loads of tc/flow.o with each variant's rules, timed by bench/bypass_ktime.py in the
     lab's pep namespace; the pins are removed again."""
     ns = lab.h.netns("pep")
     pins = {v: f"/sys/fs/bpf/{ns}-kt{v}" for v in VARIANTS}
     try:
         for v, rules in VARIANTS.items():
             os.makedirs(pins[v])
-            subprocess.run(bypass_load_argv(pins[v]), check=True, capture_output=True)
-            bypass_maps.add_rules(pins[v], **bypass.map_args([bypass.parse_rule(*r.split()) for r in rules]))
+            subprocess.run(loadall_argv(FLOW_OBJ, pins[v]), check=True, capture_output=True)
+            flow_maps.add_rules(pins[v], 0, **bypass.map_args([bypass.parse_rule(*r.split()) for r in rules]))
         proc = subprocess.run(["nsenter", f"--net=/run/netns/{ns}", PYTHON, "-m", "bench.bypass_ktime",
                                *pins.values()], cwd=REPO, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:

@@ -1,16 +1,21 @@
 """bench proxy: what the PEP costs against plain routing, and the Netdev talk's table.
 
-Labs side by side (same topology, same steering), measured alternately, REPS times:
+Labs side by side (same topology, same steering), measured alternately, REPS times. Every
+proxied variant intercepts port 80 only, so the interception modes do the same work:
   routed        proxy off: the pep namespace routes (the baseline of every ratio)
-  pep           nft interception, splice request+response, TCP mode (the default)
-  route         interception by policy routing, no netfilter
-  splice-auto   splice-auto
-  splice-off    no splice
-  http-mode     HAProxy in HTTP mode
-For each: one-transaction-per-connection 1 KB HTTP (wrk, `Connection: close`:
-transactions/s), time to first byte of a new connection (curl, sequential:
-p50 and p99), and 10 MB objects over keep-alive (wrk: Gbit/s). Reported: medians, and
-each variant's ratio to routed, the median of its ratios rep by rep (bench/common.py paired_ratio).
+  bpf           interception in the tc program (bpf_sk_assign), splice request+response, TCP mode:
+                the default
+  nft           interception by an nftables tproxy table
+  route         interception by policy routing (no netfilter, a listener per port)
+  splice-auto   bpf, splice-auto
+  splice-off    bpf, no splice
+  http-mode     bpf, HAProxy in HTTP mode
+For each: one-transaction-per-connection 1 KB HTTP (wrk, `Connection: close`: transactions/s),
+the machine's CPU time per such transaction (busy time of all CPUs from /proc/stat over the run,
+divided by its transactions: client and origin included, so the proxy's own cost is a
+variant's figure minus routed's), time to first byte of a new connection (curl, sequential: p50
+and p99), and 10 MB objects over keep-alive (wrk: Gbit/s). Reported: medians, and each
+variant's ratio to routed, the median of its ratios rep by rep (bench/common.py paired_ratio).
 """
 
 from __future__ import annotations
@@ -22,13 +27,15 @@ from contextlib import ExitStack
 
 from .common import git_rev, labs, median, paired_ratio, write_report
 
+PORT80 = ["--ports", "80"]
 VARIANTS = {
     "routed": ["--no-proxy"],
-    "pep": [],
-    "route": ["--interception", "route"],
-    "splice-auto": ["--splice", "auto"],
-    "splice-off": ["--splice", "off"],
-    "http-mode": ["--mode", "http"],
+    "bpf": [*PORT80],
+    "nft": ["--interception", "nft", *PORT80],
+    "route": ["--interception", "route", *PORT80],
+    "splice-auto": ["--splice", "auto", *PORT80],
+    "splice-off": ["--splice", "off", *PORT80],
+    "http-mode": ["--mode", "http", *PORT80],
 }
 WRK_LUA = os.path.join(os.path.dirname(__file__), "wrk_json.lua")
 URL = "http://198.19.0.10"
@@ -42,9 +49,20 @@ def wrk(lab, path: str, seconds: float, conns: int, close: bool) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def cpu_busy_seconds() -> float:
+    """Busy time of all CPUs since boot, from the first line of /proc/stat (USER_HZ ticks)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]    # idle, iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def transactions_1k(lab, seconds: float) -> dict:
+    busy = cpu_busy_seconds()
     r = wrk(lab, "/1k", seconds, 16, close=True)
-    return {"tps": r["requests"] / (r["duration_us"] / 1e6), "errors": r["errors"] + r["status_errors"]}
+    busy = cpu_busy_seconds() - busy
+    return {"tps": r["requests"] / (r["duration_us"] / 1e6), "errors": r["errors"] + r["status_errors"],
+            "cpu_us_per_tx": busy / max(r["requests"], 1) * 1e6}
 
 
 def ttfb(lab, count: int) -> dict:
@@ -69,7 +87,8 @@ def main() -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset (routed always runs)")
     args = ap.parse_args()
     chosen = ["routed"] + [v for v in args.variants.split(",") if v in VARIANTS and v != "routed"]
-    raw = {v: {"tps": [], "errors": [], "ttfb_p50_us": [], "ttfb_p99_us": [], "gbps_10m": []} for v in chosen}
+    raw = {v: {"tps": [], "errors": [], "cpu_us_per_tx": [], "ttfb_p50_us": [], "ttfb_p99_us": [], "gbps_10m": []}
+           for v in chosen}
     with ExitStack() as stack:
         lab = labs(stack, {v: VARIANTS[v] for v in chosen})
         for rep in range(args.reps):
@@ -80,32 +99,42 @@ def main() -> int:
                 g = large_gbps(lab[v], args.seconds)
                 s = raw[v]
                 s["tps"].append(t["tps"])
+                s["cpu_us_per_tx"].append(t["cpu_us_per_tx"])
                 s["errors"].append(t["errors"] + g["errors"])
                 s["ttfb_p50_us"].append(f["p50_us"])
                 s["ttfb_p99_us"].append(f["p99_us"])
                 s["gbps_10m"].append(g["gbps"])
-                print(f"rep {rep + 1}/{args.reps} {v:<12} {t['tps']:9,.0f} tx/s  ttfb p50 {f['p50_us']:6.0f} us "
+                print(f"rep {rep + 1}/{args.reps} {v:<12} {t['tps']:9,.0f} tx/s  {t['cpu_us_per_tx']:5.0f} us CPU/tx  "
+                      f"ttfb p50 {f['p50_us']:6.0f} us "
                       f"p99 {f['p99_us']:6.0f} us  10MB {g['gbps']:6.2f} Gbit/s", flush=True)
     med = {v: {k: median(x) for k, x in s.items() if k != "errors"} | {"errors": sum(s["errors"])}
            for v, s in raw.items()}
     base = med["routed"]
     # Every rep measures every variant: a variant's ratio is the median of its ratios to routed rep by rep.
-    ratios = {v: {k: paired_ratio(raw[v][k], raw["routed"][k]) for k in ("tps", "ttfb_p50_us", "ttfb_p99_us",
-                                                                        "gbps_10m")} for v in chosen}
-    ratios_of_medians = {v: {k: m[k] / base[k] for k in ("tps", "ttfb_p50_us", "ttfb_p99_us", "gbps_10m")}
-                         for v, m in med.items()}
-    table = [["variant", "1 KB tx/s", "ratio", "TTFB p50 us", "ratio", "TTFB p99 us", "ratio", "10 MB Gbit/s",
-              "ratio", "errors"]]   # ratios paired rep by rep; medians of the samples
+    keys = ("tps", "cpu_us_per_tx", "ttfb_p50_us", "ttfb_p99_us", "gbps_10m")
+    ratios = {v: {k: paired_ratio(raw[v][k], raw["routed"][k]) for k in keys} for v in chosen}
+    ratios_of_medians = {v: {k: m[k] / base[k] for k in keys} for v, m in med.items()}
+    # The proxy's own CPU per transaction: the variant's machine-wide figure minus routed's, rep by rep.
+    proxy_cpu = {v: median([a - b for a, b in zip(raw[v]["cpu_us_per_tx"], raw["routed"]["cpu_us_per_tx"],
+                                                  strict=True)]) for v in chosen}
+    # bpf against the other interception modes, paired rep by rep (the acceptance of issue 11).
+    versus = {f"bpf/{v}": paired_ratio(raw["bpf"]["tps"], raw[v]["tps"]) for v in ("nft", "route")
+              if "bpf" in raw and v in raw}
+    table = [["variant", "1 KB tx/s", "ratio", "CPU us/tx", "proxy's us/tx", "TTFB p50 us", "ratio", "TTFB p99 us",
+              "ratio", "10 MB Gbit/s", "ratio", "errors"]]   # ratios paired rep by rep; medians of the samples
     for v in chosen:
         m, r = med[v], ratios[v]
-        table.append([v, f"{m['tps']:,.0f}", f"{r['tps']:.2f}", f"{m['ttfb_p50_us']:.0f}", f"{r['ttfb_p50_us']:.2f}",
+        table.append([v, f"{m['tps']:,.0f}", f"{r['tps']:.2f}", f"{m['cpu_us_per_tx']:.0f}",
+                      "-" if v == "routed" else f"{proxy_cpu[v]:.0f}",
+                      f"{m['ttfb_p50_us']:.0f}", f"{r['ttfb_p50_us']:.2f}",
                       f"{m['ttfb_p99_us']:.0f}", f"{r['ttfb_p99_us']:.2f}", f"{m['gbps_10m']:.2f}",
                       f"{r['gbps_10m']:.2f}", str(m["errors"])])
 
     def plot(plt):
-        fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-        for ax, (key, title) in zip(axes, (("tps", "1 KB transactions/s"), ("ttfb_p50_us", "TTFB p50"),
-                                           ("gbps_10m", "10 MB objects, Gbit/s")), strict=True):
+        fig, axes = plt.subplots(1, 4, figsize=(18, 3.8))
+        panels = (("tps", "1 KB transactions/s"), ("cpu_us_per_tx", "CPU time per transaction"),
+                  ("ttfb_p50_us", "TTFB p50"), ("gbps_10m", "10 MB objects, Gbit/s"))
+        for ax, (key, title) in zip(axes, panels, strict=True):
             ax.bar(chosen, [ratios[v][key] for v in chosen], color=["#888"] + ["#37a"] * (len(chosen) - 1))
             ax.axhline(1.0, color="k", lw=0.6)
             ax.set_title(f"{title} (ratio to routed)")
@@ -115,8 +144,11 @@ def main() -> int:
 
     write_report("proxy", {"reps": args.reps, "seconds": args.seconds, "commit": git_rev(),
                            "command": "./scripts/bench proxy", "medians": med, "ratios": ratios,
-                           "ratios_of_medians": ratios_of_medians, "samples": raw},
+                           "ratios_of_medians": ratios_of_medians, "proxy_cpu_us_per_tx": proxy_cpu,
+                           "bpf_versus": versus, "samples": raw},
                  table, plot)
+    for name, ratio in versus.items():
+        print(f"{name} transactions/s (paired): {ratio:.2f}")
     return 0
 
 

@@ -8,12 +8,12 @@
  * Each TCP flow is decided on its first SYN (decide_syn, the steps of
  * pep_flow.h in order):
  *
- *   to the graph's own addresses    TC_ACT_SHOT               syn_to_self
- *   port or direction not ours      TC_ACT_OK, not remembered  flows_not_intercepted
- *   a bypass rule matches           BYPASS_RULE: remembered, forwarded here
- *   no proxy listener (or assign    BYPASS_FAILOPEN: remembered, forwarded here
- *     refused, mode bpf)
- *   otherwise                       PROXY: TC_ACT_OK (mode bpf: handed to the
+ *   1 to the graph's own addresses  TC_ACT_SHOT (syn_to_self)
+ *   2 port or direction not ours    TC_ACT_OK, not remembered (flows_not_intercepted)
+ *   3 a bypass rule matches         BYPASS_RULE: remembered, forwarded here
+ *   4 no proxy listener, or (mode   BYPASS_FAILOPEN: remembered, forwarded here
+ *     bpf) the hand-over refused
+ *   5 otherwise                     PROXY: TC_ACT_OK (mode bpf: handed to the
  *                                   listener), not remembered
  *
  * Bypassed packets are forwarded at L3 here (flow_fwd.h) for the flow's

@@ -49,15 +49,17 @@ static __always_inline int decrement_ttl(struct __sk_buff *skb, const struct tcp
 }
 
 /* Forwards a packet of a bypassed flow of graph slot: TC_ACT_REDIRECT, or
- * TC_ACT_SHOT / TC_ACT_OK as said at each case. */
+ * TC_ACT_SHOT / TC_ACT_OK as said at each case. A subprogram, not inlined:
+ * it has five callers, and inlined in each it made the program 40% bigger. */
 static __attribute__((noinline)) int forward(struct __sk_buff *skb, const struct tcp_pkt *p, __u32 slot)
 {
 	struct bpf_fib_lookup fib = {};
 	struct bpf_redir_neigh nh = {};
 	long rc;
 
-	/* Expired: dropped here and not left to the stack, whose TPROXY rule
-	 * would hand the segment to HAProxy (no ICMP time exceeded, then). */
+	/* Expired: dropped here and not left to the stack, whose interception
+	 * (TPROXY) would hand the segment to HAProxy (no ICMP time exceeded,
+	 * then). */
 	if (p->ttl <= 1) {
 		count(slot, CNT_PKTS_TTL_EXPIRED);
 		return TC_ACT_SHOT;
