@@ -80,10 +80,10 @@ class LabHandle:
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 
-    def pepctl(self, *args: str, check: bool = True):
+    def pepctl(self, *args: str, check: bool = True, timeout: float = 120):
         cmd = ["nsenter", f"--net=/run/netns/{self.netns('proxyhost')}", PEPCTL, "-c",
                os.path.join(self.run_dir, "pep.toml"), *args]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"pepctl {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
         return proc

@@ -1,115 +1,46 @@
-"""pepctl on a bare host: up, up again, down, bad configs, and a failure halfway.
+"""pepctl on a bare host: up, up again, down, plan, bad configs, and a failure halfway.
 
    [pc<rid>-host]  nic0 <-veth-> peer0        (a stand-in proxy host: its own namespace)
         pepctl up -> pc<rid>-g1 (, pc<rid>-g2), pc<rid>c100/s200..., pins /sys/fs/bpf/pc<rid>, /run/pc<rid>
+                     one keeper -> one supervisor -> one HAProxy, whatever the number of graphs
 
 How right is told from wrong: a snapshot of everything pepctl could leave
-(namespaces, links in the host namespace, nft tables and ip rules, pins, run
-files, HAProxy processes) is taken before; after `down`, after a rejected
-config and after a failed `up`, the snapshot must be the same again.
+(BareHost.snapshot: namespaces, links and qdiscs of the host namespace, pins, run
+files, the instance's processes; plus here the tc filters on nic0) is taken
+before; after `down`, after a rejected config and after a failed `up`, it must
+be the same again. While up, the snapshot's process list must hold exactly one
+keeper, one supervisor and one HAProxy for two graphs.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import subprocess
 
 import pytest
 
-from netns.handle import PEPCTL
-
-BASE = """
-[host]
-instance = "{inst}"
-nic = "nic0"
-run_dir = "/run/{inst}"
-bpf_dir = "/sys/fs/bpf/{inst}"
-[host.tuning]
-irq_affinity = true
-rss_symmetric = true
-[[graph]]
-name = "g1"
-[graph.access]
-vlan = 100
-addresses = ["198.18.0.1/24", "2001:2:0:1::1/64"]
-[graph.origin]
-vlan = 200
-addresses = ["198.19.0.1/24", "2001:2:0:2::1/64"]
-[graph.proxy]
-ports = [80, "8000-8080"]
-"""
-
-SECOND_GRAPH = """
-[[graph]]
-name = "g2"
-[graph.access]
-vlan = 101
-addresses = ["198.18.1.1/24"]
-[graph.origin]
-vlan = 201
-addresses = ["198.19.1.1/24"]
-"""
+from netns.handle import BASE, SECOND_GRAPH
 
 
-@pytest.fixture
-def host(tmp_path):
-    rid = secrets.token_hex(3)
-    inst = f"pc{rid}"
-    ns = f"{inst}-host"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        subprocess.run(["ip", "-n", ns, "link", "add", "nic0", "type", "veth", "peer", "name", "peer0"], check=True)
-        subprocess.run(["ip", "-n", ns, "link", "set", "nic0", "up"], check=True)
-        yield Host(inst, ns, tmp_path)
-    finally:
-        subprocess.run(["ip", "netns", "del", ns])
+def status(host, conf) -> dict:
+    return json.loads(host.pepctl(conf, "status", "--json").stdout)
 
 
-class Host:
-    def __init__(self, inst, ns, tmp):
-        self.inst, self.ns, self.tmp = inst, ns, tmp
+def nic_filters(host) -> list[dict]:
+    """The tc filters on nic0 ingress (the operator's and the instance's), as `tc -j` gives them."""
+    out = subprocess.run(["nsenter", f"--net=/run/netns/{host.ns}", "tc", "-j", "filter", "show", "dev", "nic0",
+                          "ingress"], capture_output=True, text=True).stdout
+    return json.loads(out) if out.strip() else []
 
-    def config(self, text: str, name="pep.toml") -> str:
-        path = os.path.join(self.tmp, name)
-        with open(path, "w") as f:
-            f.write(text.format(inst=self.inst))
-        return path
 
-    def pepctl(self, conf: str, *args: str):
-        return subprocess.run(["nsenter", f"--net=/run/netns/{self.ns}", PEPCTL, "-c", conf, *args],
-                              capture_output=True, text=True, timeout=120)
-
-    def snapshot(self) -> dict:
-        def ls(path):
-            try:
-                return sorted(os.listdir(path))
-            except FileNotFoundError:
-                return []
-
-        def j(*cmd):
-            out = subprocess.run(["nsenter", f"--net=/run/netns/{self.ns}", *cmd], capture_output=True,
-                                 text=True).stdout
-            return json.loads(out) if out.strip() else []
-        haproxies = []
-        for pid in ls("/proc"):
-            if pid.isdigit():
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        cmd = f.read().replace(b"\0", b" ").decode()
-                except OSError:
-                    continue
-                if "haproxy" in cmd and self.inst in cmd:
-                    haproxies.append(cmd)
-        return {
-            "netns": [n for n in ls("/run/netns") if n.startswith(self.inst) and n != self.ns],
-            "links": sorted(ln["ifname"] for ln in j("ip", "-j", "link")),
-            "qdiscs": sorted(q["kind"] for q in j("tc", "-j", "qdisc", "show", "dev", "nic0")),
-            "pins": [p for p in ls("/sys/fs/bpf") if p.startswith(self.inst)],
-            "run": [p for p in ls("/run") if p.startswith(self.inst)],
-            "haproxy": haproxies,
-        }
+def kinds(cmdlines: list[str]) -> list[str]:
+    """keeper / supervisor / haproxy for each of the instance's process command lines."""
+    out = []
+    for cmd in cmdlines:
+        argv0 = cmd.split()[0].rsplit("/", 1)[-1]
+        out.append("haproxy" if argv0 == "haproxy" else "supervisor" if " supervise " in f" {cmd} "
+                   else "keeper" if " keep " in f" {cmd} " else f"unknown: {cmd}")
+    return sorted(out)
 
 
 def test_up_twice_then_down_leaves_nothing(host):
@@ -124,28 +55,66 @@ def test_up_twice_then_down_leaves_nothing(host):
     assert down.returncode == 0, down.stderr
     assert host.snapshot() == before
     again = host.pepctl(conf, "down")
-    assert again.returncode == 0 and "nothing to do" in again.stdout
+    assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr
 
 
 def check_up_twice(host, conf):
     mid = host.snapshot()
     assert mid["netns"] == [f"{host.inst}-g1", f"{host.inst}-g2"], mid["netns"]
-    assert len(mid["haproxy"]) >= 2, f"expected 2 HAProxy masters, got {mid['haproxy']}"
+    # One proxy for every graph: one keeper, one supervisor, one HAProxy for the two graphs.
+    got = kinds(mid["processes"])
+    assert got == ["haproxy", "keeper", "supervisor"], \
+        f"host {host.ns}: processes of a 2-graph instance: expected one haproxy, keeper and supervisor, " \
+        f"got {got}: {mid['processes']}"
     again = host.pepctl(conf, "up")
     assert again.returncode == 0 and "nothing changed" in again.stdout, again.stdout + again.stderr
-    assert host.snapshot()["links"] == mid["links"]
-    status = json.loads(host.pepctl(conf, "status", "--json").stdout)
-    assert status["state"] == "up" and all(g["proxy"]["running"] for g in status["graphs"]), status
+    after = host.snapshot()
+    assert after["links"] == mid["links"], f"second up changed the links: {mid['links']} -> {after['links']}"
+    assert after["processes"] == mid["processes"], \
+        f"second up changed the processes: {mid['processes']} -> {after['processes']}"
+    st = status(host, conf)
+    modes = {g["name"]: g["proxy"]["mode"] for g in st["graphs"]}
+    assert st["state"] == "up" and modes == {"g1": "proxy", "g2": "proxy"}, \
+        f"status: expected up with both graphs in mode proxy, got {st['state']}, {modes}: {st.get('problems')}"
+    proxy = st["proxy"]
+    assert all(proxy[who]["running"] for who in ("keeper", "supervisor", "haproxy")), \
+        f"status proxy: expected keeper, supervisor and haproxy running, got {proxy}"
 
 
-def test_plan_prints_commands_and_changes_nothing(host):
-    conf = host.config(BASE)
+# Each interception mode: (extra config, text the plan must show, text it must not show).
+# {inst} is the instance's name.
+PLANS = [
+    ("bpf", "", [
+        "netns add {inst}-g1", "bpftool prog loadall", "tc filter add dev nic0 ingress",
+        "congctl bbr initcwnd 32", "congctl cubic", "rule add pref 100 fwmark 1 lookup 100",
+        "object-pinned /sys/fs/bpf/{inst}/{inst}/flow/prog/flow_ingress",
+        "frontend graph_g1", "bind 0.0.0.0:50080 transparent namespace {inst}-g1",
+        "server origin 0.0.0.0 namespace {inst}-g1", "haproxy -c -q -f", "pepctl keep",
+    ], ["nft"]),
+    ("nft", 'interception = "nft"\n', [
+        "nft -f", "tproxy ip to :50080", "tproxy ip6 to :50080", "rule add pref 100 fwmark 1 lookup 100",
+        "bind 0.0.0.0:50080 transparent namespace {inst}-g1", "pepctl keep",
+    ], []),
+    ("route", 'interception = "route"\n', [
+        "rule add pref 100 iif c_in ipproto tcp dport 80 lookup 100",
+        "rule add pref 100 iif s_in ipproto tcp sport 8000-8080 lookup 100",
+        "bind 0.0.0.0:80 transparent namespace {inst}-g1", "bind 0.0.0.0:8000-8080 transparent namespace {inst}-g1",
+        "pepctl keep",
+    ], ["nft", "fwmark", ":50080"]),
+]
+
+
+@pytest.mark.parametrize("mode,extra,want,unwanted", PLANS, ids=[p[0] for p in PLANS])
+def test_plan_prints_commands_and_changes_nothing(host, mode, extra, want, unwanted):
+    conf = host.config(BASE.replace("[graph.proxy]\n", "[graph.proxy]\n" + extra))
     before = host.snapshot()
     plan = host.pepctl(conf, "plan")
     assert plan.returncode == 0, plan.stderr
-    for expected in ("ip netns add", "bpftool prog loadall", "tc filter add dev nic0 ingress",
-                     "congctl bbr initcwnd 32", "congctl cubic", "nft -f", "haproxy -W -f", "tproxy ip to :50080"):
-        assert expected in plan.stdout, f"plan lacks {expected!r}"
+    for expected in want:
+        expected = expected.format(inst=host.inst)
+        assert expected in plan.stdout, f"plan ({mode} interception) lacks {expected!r}:\n{plan.stdout}"
+    for bad in unwanted:
+        assert bad not in plan.stdout, f"plan ({mode} interception) has {bad!r}:\n{plan.stdout}"
     # nic0 is a veth: no IRQs, no RSS. Tuning says so instead of failing or pretending.
     assert "# notice: nic0 has no interrupts of its own" in plan.stdout, plan.stdout
     assert "# notice: nic0 has no RSS" in plan.stdout, plan.stdout
@@ -174,9 +143,15 @@ BAD = [
      "host.instance", "Bad_Name!"),
     ("unknown splice mode", lambda c: c.replace("[graph.proxy]", '[graph.proxy]\nsplice = "sometimes"'),
      "graph[0].proxy.splice", "sometimes"),
+    ("unknown interception mode", lambda c: c.replace("[graph.proxy]", '[graph.proxy]\ninterception = "xdp"'),
+     "graph[0].proxy.interception", "xdp"),
     ("route mode with all ports", lambda c: c.replace('ports = [80, "8000-8080"]',
                                                        'ports = "all"\ninterception = "route"'),
      "graph[0].proxy", "all"),
+    ("threads under graph.proxy (moved to host)", lambda c: c.replace("[graph.proxy]", "[graph.proxy]\nthreads = 2"),
+     "graph[0].proxy.threads", "[host]"),
+    ("unknown supervisor", lambda c: c.replace('supervisor = "pepctl"', 'supervisor = "runit"'),
+     "host.supervisor", "runit"),
 ]
 
 
@@ -192,15 +167,42 @@ def test_bad_config_is_refused_with_field_and_value_and_leaves_nothing(host, wha
     assert host.snapshot() == before, f"{what}: pepctl up left something behind"
 
 
-def test_failure_halfway_rolls_back_everything_it_made_and_nothing_else(host):
+def take_link(host) -> None:
+    """The operator's own link, under the name graph g2's host-side access port would get."""
+    subprocess.run(["ip", "-n", host.ns, "link", "add", f"{host.inst}c101", "type", "veth", "peer", "name", "blk1"],
+                   check=True)
+
+
+def take_trunk_filter(host) -> None:
+    """The operator's own filter on nic0 ingress at the preference and handle trunk_ingress would get
+    (a classic-BPF `ret 0`: cls_bpf needs no object for it), on the operator's own clsact qdisc."""
+    for cmd in (["tc", "qdisc", "add", "dev", "nic0", "clsact"],
+                ["tc", "filter", "add", "dev", "nic0", "ingress", "pref", "10", "handle", "1", "bpf", "bytecode",
+                 "1,6 0 0 0,"]):
+        subprocess.run(["nsenter", f"--net=/run/netns/{host.ns}", *cmd], check=True)
+
+
+# Where `up` fails: (what, how the test makes it fail, what stderr must name, the last step `up` must have
+# finished before failing: what the rollback has to undo).
+FAILURES = [
+    # g1's links and routes are built before g2's veth fails: namespaces, pins, maps, sysctls to undo.
+    ("graph g2's port name taken", take_link, "c101", "links, addresses and routes of graph g1"),
+    # The very last step fails: the keeper, the supervisor and HAProxy run already and must be stopped.
+    ("trunk filter taken", take_trunk_filter, "trunk_ingress", "start the proxy supervisor"),
+]
+
+
+@pytest.mark.parametrize("what,block,names,reached", FAILURES, ids=[f[0] for f in FAILURES])
+def test_failure_halfway_rolls_back_everything_it_made_and_nothing_else(host, what, block, names, reached):
     conf = host.config(BASE + SECOND_GRAPH)
-    # Graph g2's host-side port name is taken: g1 is built completely (HAProxy
-    # included) before g2's veth fails.
-    blocker = f"{host.inst}c101"
-    subprocess.run(["ip", "-n", host.ns, "link", "add", blocker, "type", "veth", "peer", "name", "blk1"], check=True)
-    before = host.snapshot()
+    block(host)
+    before, filters = host.snapshot(), nic_filters(host)
     up = host.pepctl(conf, "up")
-    assert up.returncode != 0, "pepctl up succeeded despite the taken link name"
-    assert blocker in up.stderr, up.stderr
-    assert "start HAProxy" in up.stdout, f"the failure came too early to test a rollback: {up.stdout}"
-    assert host.snapshot() == before, "rollback left something behind (or removed the operator's link)"
+    assert up.returncode != 0, f"{what}: pepctl up succeeded anyway: {up.stdout}"
+    assert names in up.stderr, f"{what}: the error does not name {names!r}: {up.stderr}"
+    assert reached in up.stdout, f"{what}: the failure came before {reached!r}, too early to test the rollback: " \
+                                 f"{up.stdout}"
+    assert host.snapshot() == before, f"{what}: rollback left something behind, or removed the operator's things"
+    got = nic_filters(host)
+    assert got == filters, f"{what}: host {host.ns} nic0 ingress filters: expected the operator's {filters}, " \
+                           f"got {got}"
