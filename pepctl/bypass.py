@@ -143,8 +143,44 @@ def map_args(rules: set[Rule] | list[Rule]) -> dict:
 
 
 def install(cfg: Config, g: Graph, rules: set[Rule] | list[Rule]) -> dict:
-    """Writes rules to the maps; returns flow_maps.add_rules' answer (entries, "method")."""
+    """Writes rules to the maps (idempotent: for up and reload); returns flow_maps.add_rules' answer."""
     return flow_maps.add_rules(pins(cfg), g.index, **map_args(rules)) if rules else {"method": "none"}
+
+
+def add(cfg: Config, installed: Config, g: Graph, rules: list[Rule]) -> dict:
+    """`bypass add`: all or nothing. Capacity is checked before the first map write against what
+    every graph of the instance holds (its config rules as installed, and its live rules); a write
+    that fails anyway is undone, so the maps are exactly as before. Returns add_rules' answer."""
+    held = {o.name: config_rules(o.bypass) | read_live(cfg, o) for o in installed.graphs if o.proxy.enabled}
+    mine = flow_maps.rule_keys(g.index, **map_args(held.get(g.name, set())))
+    want = flow_maps.rule_keys(g.index, **map_args(set(rules)))
+    new = {name: sorted(set(keys) - set(mine[name])) for name, keys in want.items()}
+    used = dict.fromkeys(new, 0)
+    for o in installed.graphs:
+        if o.name in held:
+            for name, keys in flow_maps.rule_keys(o.index, **map_args(held[o.name])).items():
+                used[name] += len(keys)
+    for name, keys in new.items():
+        if keys:
+            with flow_maps.open_map(pins(cfg), name) as m:
+                cap = m.max_entries
+            if used[name] + len(keys) > cap:
+                raise RuleError(f"{name} holds {used[name]:,} entries of at most {cap:,} (all graphs); these "
+                                f"rules add {len(keys):,}: remove rules or merge them into wider prefixes; "
+                                "nothing was changed")
+    done: dict = {"method": "none"}
+    try:
+        for name, keys in new.items():
+            with flow_maps.open_map(pins(cfg), name) as m:
+                how = flow_maps.write_keys(m, keys, flow_maps.PRESENT)
+            done[name] = len(keys)
+            if name != "bypass_ports" or done["method"] == "none":
+                done["method"] = how
+    except OSError as e:
+        for name, keys in new.items():
+            flow_maps.del_keys(pins(cfg), name, keys)   # only the keys this call added
+        raise RuleError(f"writing the rules failed: {e}; the maps are as they were, nothing was changed") from None
+    return done
 
 
 def remove(cfg: Config, g: Graph, rules: set[Rule]) -> None:

@@ -9,13 +9,14 @@ that is safe only because a name that exists already is refused here, before any
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 
 from . import service
 from .config import Config, ConfigError, FieldError
-from .hostinfo import HostInfo
-from .names import graph_names, instance_names, netns_path, supervisor_unit
+from .hostinfo import HostInfo, maxconn_for
+from .names import REGISTER, TRUNK_PREF, graph_names, instance_names, netns_path, supervisor_unit
 from .runner import run
 
 
@@ -42,7 +43,125 @@ def problems(cfg: Config, info: HostInfo) -> list[FieldError]:
                 bad("host.supervisor", cfg.host.supervisor, f"systemd runs this host but has no {unit}: install "
                     f"{service.UNIT_FILE} into /etc/systemd/system and run `systemctl daemon-reload`, or set "
                     "supervisor = \"pepctl\"")
-    out += names_taken(cfg)
+    out += paths(cfg)
+    if any(g.proxy.enabled for g in cfg.graphs):
+        graphs = sum(g.proxy.enabled for g in cfg.graphs)
+        most = maxconn_for(info.nofile, graphs)
+        if cfg.host.maxconn > most:
+            bad("host.maxconn", cfg.host.maxconn, f"HAProxy would need more descriptors than this host's open-file "
+                f"limit ({info.nofile}) gives: at most {most} here; raise the limit (LimitNOFILE= in "
+                "pep.service) or lower maxconn, or 0 to size it from the limit")
+    if not out:
+        out += names_taken(cfg)
+        out += conflicts(cfg)
+        out += nic_taken(cfg)
+    return out
+
+
+def mount_of(path: str) -> tuple[str, str]:
+    """(mount point, filesystem type) of the mount that holds path (or would, once created)."""
+    best = ("/", "rootfs")
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            _, point, fstype = line.split()[:3]
+            point = point.replace("\\040", " ")
+            if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(best[0]):
+                best = (point, fstype)
+    return best
+
+
+def paths(cfg: Config) -> list[FieldError]:
+    """The folders pepctl would write: bpf_dir on a bpffs, run_dir a folder it can make and use."""
+    out = []
+    point, fstype = mount_of(cfg.host.bpf_dir)
+    # /sys/fs/bpf itself is mounted by `up` when it is not yet (its first step).
+    mounted_by_up = point in ("/", "/sys") and (cfg.host.bpf_dir + "/").startswith("/sys/fs/bpf/")
+    if fstype != "bpf" and not mounted_by_up:
+        out.append(FieldError(cfg.path, "host.bpf_dir", cfg.host.bpf_dir, f"is on {point} ({fstype}), not on a "
+                              "bpf filesystem: pins live only there; use a folder under /sys/fs/bpf"))
+    run = cfg.host.run_dir
+    point, fstype = mount_of(run)
+    if fstype in ("proc", "sysfs", "bpf", "cgroup2", "devpts", "debugfs", "tracefs"):
+        out.append(FieldError(cfg.path, "host.run_dir", run, f"is on {point}, a {fstype} filesystem, which holds no "
+                              "files of ours; use a folder under /run"))
+        return out
+    probe = run
+    while not os.path.lexists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        out.append(FieldError(cfg.path, "host.run_dir", run, f"{probe} is a file, not a folder; choose another "
+                              "run_dir"))
+    elif not os.access(probe, os.W_OK | os.X_OK):
+        out.append(FieldError(cfg.path, "host.run_dir", run, f"{probe} is not writable; choose another run_dir"))
+    return out
+
+
+def nic_taken(cfg: Config) -> list[FieldError]:
+    """A trunk program on the NIC that the register does not explain (a crashed or foreign run)."""
+    proc = run(["tc", "-j", "filter", "show", "dev", cfg.host.nic, "ingress"], check=False)
+    try:
+        filters = json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else []
+    except ValueError:
+        filters = []
+    if any(f.get("pref") == TRUNK_PREF for f in filters):
+        return [FieldError(cfg.path, "host.nic", cfg.host.nic, f"already has a tc ingress filter at preference "
+                           f"{TRUNK_PREF} that no running instance registered (`tc filter show dev {cfg.host.nic} "
+                           "ingress`): remove it if a crashed run left it, or use another NIC")]
+    return []
+
+
+def netns_id() -> list[int]:
+    """This process's network namespace, as (device, inode) of /proc/self/ns/net."""
+    st = os.stat("/proc/self/ns/net")
+    return [st.st_dev, st.st_ino]
+
+
+def register_entry(cfg: Config) -> dict:
+    """What the host's register says of an instance that is up: enough to refuse a second one."""
+    n = instance_names(cfg)
+    return {"instance": cfg.host.instance, "config": cfg.path, "run_dir": cfg.host.run_dir, "bpf_dir": cfg.host.bpf_dir,
+            "journal": n.journal, "pins": n.pins, "nic": cfg.host.nic, "netns": netns_id(),
+            "vlans": sorted(v for g in cfg.graphs for v in (g.access.vlan, g.origin.vlan))}
+
+
+def running_instances() -> list[dict]:
+    """Entries of the register whose journal still exists (an entry without is a crashed run's)."""
+    out = []
+    try:
+        names = sorted(os.listdir(REGISTER))
+    except FileNotFoundError:
+        return []
+    for name in names:
+        try:
+            with open(os.path.join(REGISTER, name)) as f:
+                entry = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if os.path.exists(entry.get("journal", "")):
+            out.append(entry)
+    return out
+
+
+def conflicts(cfg: Config) -> list[FieldError]:
+    """A running instance this one would collide with: its name, pins, NIC (in this namespace).
+    One instance per NIC: its trunk program owns every VLAN of that NIC."""
+    me = register_entry(cfg)
+    out = []
+    for other in running_instances():
+        if other["journal"] == me["journal"]:
+            continue   # this very instance (its own `up` run again)
+        who = f"instance {other['instance']!r} (config {other['config']}, run_dir {other['run_dir']})"
+        if other["instance"] == me["instance"]:
+            out.append(FieldError(cfg.path, "host.instance", cfg.host.instance, f"{who} is up with this name: names "
+                                  "of namespaces, links and pins would collide; choose another name or take it down"))
+        elif other["pins"] == me["pins"]:
+            out.append(FieldError(cfg.path, "host.bpf_dir", cfg.host.bpf_dir, f"{who} pins its programs in "
+                                  f"{other['pins']}; choose another bpf_dir"))
+        if other["netns"] == me["netns"] and other["nic"] == me["nic"]:
+            shared = sorted(set(other["vlans"]) & set(me["vlans"]))
+            also = f", VLAN(s) {', '.join(map(str, shared))} among them" if shared else ""
+            out.append(FieldError(cfg.path, "host.nic", cfg.host.nic, f"{who} steers the VLANs of this NIC{also}; "
+                                  "one instance per NIC: add these graphs to that instance, or use another NIC"))
     return out
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+import traceback
 
 from haproxy import supervise
 
@@ -191,7 +192,8 @@ def cmd_bypass(args, out) -> int:
             added, removed = bypass.sync(cfg, g, old)
             print(f"graph {g.name}: {added} bypass rule(s) installed, {removed} removed", file=out)
             return 0
-        return _bypass_change(cfg, g, args, rules, out)
+        installed = configmod.parse(journal.meta["config_text"], journal.meta["config"]) if journal.complete else cfg
+        return _bypass_change(cfg, installed, g, args, rules, out)
 
 
 def _bypass_list(cfg, g, args, out) -> int:
@@ -210,7 +212,7 @@ def _bypass_list(cfg, g, args, out) -> int:
     return 0
 
 
-def _bypass_change(cfg, g, args, rules, out) -> int:
+def _bypass_change(cfg, installed, g, args, rules, out) -> int:
     live = bypass.read_live(cfg, g)
     from_config = bypass.config_rules(g.bypass)
     # One rule is named in the messages; a file's rules are counted.
@@ -218,7 +220,11 @@ def _bypass_change(cfg, g, args, rules, out) -> int:
         f"{len(set(rules))} rule(s) from {args.from_file}"
     if args.action == "add":
         started = time.monotonic()
-        done = bypass.install(cfg, g, rules)
+        try:
+            done = bypass.add(cfg, installed, g, rules)
+        except bypass.RuleError as e:
+            print(f"pepctl bypass add: {e}", file=sys.stderr)
+            return 1
         took = time.monotonic() - started
         bypass.write_live(cfg, g, live | set(rules))
         print(f"graph {g.name}: bypass {what} added (new flows only); maps written in {took:.3f} s "
@@ -321,6 +327,9 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
         return 1
     try:
         return COMMANDS[args.command][0](args, out)
+    except KeyboardInterrupt:
+        print(f"pepctl {args.command}: interrupted", file=sys.stderr)
+        return 130
     except configmod.ConfigError as e:
         print(f"pepctl {args.command}: invalid config:\n{e}", file=sys.stderr)
         return 2
@@ -332,7 +341,27 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
             print(f"pepctl {args.command}: {e.filename}: no such file; give the config with -c FILE",
                   file=sys.stderr)
             return 2
-        raise
+        return unexpected(args, e)
+    except Exception as e:   # noqa: BLE001 - the one place that turns a bug into a message
+        return unexpected(args, e)
+
+
+CRASH_LOG = "/var/log/pep/pepctl-errors.log"
+
+
+def unexpected(args, e: BaseException) -> int:
+    """No traceback reaches the operator: one line says what failed and where the details went."""
+    where = CRASH_LOG
+    try:
+        os.makedirs(os.path.dirname(CRASH_LOG), exist_ok=True)
+        with open(CRASH_LOG, "a") as f:
+            f.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} pepctl {' '.join(sys.argv[1:])} (pid {os.getpid()})\n")
+            f.write("".join(traceback.format_exception(e)))
+    except OSError:
+        where = "nowhere (could not write " + CRASH_LOG + ")"
+    print(f"pepctl {args.command}: unexpected error: {type(e).__name__}: {e}; this is a bug in pepctl, the details "
+          f"are in {where}", file=sys.stderr)
+    return 70
 
 
 if __name__ == "__main__":

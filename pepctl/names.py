@@ -20,10 +20,12 @@ the lab all find the same things. Every name carries the instance name, so two i
     host links INSTANCEc<vlan>, INSTANCEs<vlan>   the host's ends of c_in and s_in
     nft table pep_INSTANCE          inside a graph's namespace (mode nft)
     systemd unit pep-supervisor@<run folder, escaped>.service
+    /run/pep-instances/INSTANCE.json   the host's register of running instances (pepctl/checks.py)
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 
@@ -37,6 +39,7 @@ TRUNK_PREF = 10        # tc filter preference of trunk_ingress on the NIC
 PORT_PREF = 10         # ... of port_ingress on c_out / s_out
 FLOW_PREF = 20         # ... of flow_ingress on c_in / s_in
 SUPERVISOR_UNIT = "pep-supervisor@.service"
+REGISTER = "/run/pep-instances"   # one file per instance that is up (or coming up), whatever its run_dir
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class InstanceNames:
     supervisor_pid: str
     supervisor_state: str
     supervisor_log: str
+    register: str         # REGISTER/INSTANCE.json
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,7 @@ class GraphNames:
     nft_table: str
     nft_file: str
     live_rules: str
+    macs: dict            # c_in, s_in, c_out, s_out -> MAC address, stable across down and up
 
 
 def instance_names(cfg: Config) -> InstanceNames:
@@ -93,6 +98,7 @@ def instance_names(cfg: Config) -> InstanceNames:
         supervisor_pid=os.path.join(proxy, "supervisor.pid"),
         supervisor_state=os.path.join(proxy, "supervisor.json"),
         supervisor_log=os.path.join(proxy, "supervisor.log"),
+        register=os.path.join(REGISTER, f"{inst}.json"),
     )
 
 
@@ -110,7 +116,17 @@ def graph_names(cfg: Config, g: Graph) -> GraphNames:
         nft_table=f"pep_{inst}",
         nft_file=os.path.join(d, f"{g.name}.nft"),
         live_rules=os.path.join(d, f"{g.name}.bypass.rules"),
+        macs={link: stable_mac(inst, g.name, link) for link in (C_IN, S_IN, "c_out", "s_out")},
     )
+
+
+def stable_mac(instance: str, graph: str, link: str) -> str:
+    """A locally administered unicast MAC derived from the names: `down` then `up` gives c_in and s_in
+    the MACs they had, so the subscribers' and routers' neighbour caches stay right (a new random
+    MAC stops traffic until their entries expire: 9 to 42 s measured)."""
+    digest = hashlib.sha256(f"pep/{instance}/{graph}/{link}".encode()).digest()
+    octets = bytes([(digest[0] & 0xFC) | 0x02]) + digest[1:6]
+    return ":".join(f"{b:02x}" for b in octets)
 
 
 def supervisor_unit(n: InstanceNames) -> str:

@@ -18,12 +18,13 @@ one `tc -batch` per side attaches the programs, and map writes and sysctls run i
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 
 from haproxy.render import GraphProxy, Process, render
 
-from . import bypass, flow_maps, nsutil, service, steering
+from . import bypass, checks, flow_maps, nsutil, service, steering
 from .config import Config, ConfigError, FieldError, Graph, Side
 from .hostinfo import HostInfo, maxconn_for
 from .names import (
@@ -31,6 +32,7 @@ from .names import (
     FLOW_PREF,
     LOCAL_TABLE,
     PORT_PREF,
+    REGISTER,
     RULE_PREF,
     S_IN,
     TRUNK_PREF,
@@ -236,8 +238,10 @@ def graph_batch(cfg: Config, g: Graph, n: GraphNames) -> str:
     given by its PID), loopback, addresses, routes, and the IPv4 interception rules."""
     pid = os.getpid()
     lines = [f"# netns {pid}: this pepctl's own process, i.e. the host's namespace",
-             f"link add {C_IN} index {n.c_in_ifindex} type veth peer name {n.c_out} netns {pid}",
-             f"link add {S_IN} index {n.s_in_ifindex} type veth peer name {n.s_out} netns {pid}",
+             f"link add {C_IN} index {n.c_in_ifindex} address {n.macs[C_IN]} type veth "
+             f"peer name {n.c_out} address {n.macs['c_out']} netns {pid}",
+             f"link add {S_IN} index {n.s_in_ifindex} address {n.macs[S_IN]} type veth "
+             f"peer name {n.s_out} address {n.macs['s_out']} netns {pid}",
              "link set lo up", f"link set {C_IN} up", f"link set {S_IN} up",
              *route_lines(cfg, g), *interception_lines(g, 4)]
     return "\n".join(lines) + "\n"
@@ -387,9 +391,19 @@ def haproxy_config(cfg: Config, info: HostInfo) -> str:
                           stats_socket=n.haproxy_sock, metrics=metrics), proxies)
 
 
+def register_steps(cfg: Config) -> list[Step]:
+    """The host's register of running instances: what checks.conflicts reads."""
+    n = instance_names(cfg)
+    text = json.dumps(checks.register_entry(cfg), indent=1) + "\n"
+    return [mkdir_step(REGISTER, 0o755, ours=[], what=f"create {REGISTER}"),
+            Step(f"register instance {cfg.host.instance} in {REGISTER}",
+                 Call("write", (n.register, text), f"cat > {n.register} <<'EOF'\n{text.rstrip()}\nEOF"),
+                 undo=Call("remove", (n.register,), f"rm {n.register}"))]
+
+
 def build(cfg: Config, info: HostInfo) -> list[Step]:
     n = instance_names(cfg)
-    steps = host_steps(cfg, info)
+    steps = register_steps(cfg) + host_steps(cfg, info)
     steps.append(namespaces_step(cfg))
     for g in cfg.graphs:
         steps += graph_steps(cfg, g)

@@ -18,7 +18,7 @@ from haproxy import stats
 from . import bypass, nsutil, service, steering
 from .config import Config, Graph
 from .names import graph_names, instance_names, netns_path
-from .runner import Journal
+from .runner import Journal, StepError, run_json
 
 
 def problems(cfg: Config) -> list[str]:
@@ -119,14 +119,22 @@ def collect(cfg: Config) -> dict:
             entry["proxy"]["haproxy"] = hap.get(gn.proxy, {}) if "error" not in hap else hap
             entry["flows"] = _safe(bypass.counters, cfg, g)
         report["graphs"].append(entry)
-    report["trunk"] = _safe(steering.reason_counters, n.steer_pins)
+    report["trunk"] = {"nic": _safe(nic_counters, cfg.host.nic),
+                       "reasons": _safe(steering.reason_counters, n.steer_pins)}
     return report
+
+
+def nic_counters(nic: str) -> dict[str, int]:
+    """What the NIC received, and what the kernel dropped before tc saw it (ip -s -s link)."""
+    rx = run_json(["ip", "-j", "-s", "-s", "link", "show", "dev", nic])[0]["stats64"]["rx"]
+    return {k: rx.get(k, 0) for k in ("packets", "bytes", "dropped", "errors", "length_errors", "crc_errors",
+                                      "frame_errors", "over_errors", "fifo_errors", "missed_errors")}
 
 
 def _safe(fn, *args) -> dict:
     try:
         return fn(*args)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, StepError) as e:
         return {"error": str(e)}
 
 
@@ -165,6 +173,11 @@ def print_table(report: dict, out) -> None:
             print(f"  {g['name']:<12} flows proxied {f['flows_proxied']}, bypassed by rule {f['flows_bypass_rule']}, "
                   f"by fail-open {f['flows_bypass_failopen']}, not intercepted {f['flows_not_intercepted']}, "
                   f"to the PEP itself (dropped) {f['syn_to_self']}", file=out)
-    reasons = report.get("trunk", {})
+    trunk = report.get("trunk", {})
+    nic, reasons = trunk.get("nic", {}), trunk.get("reasons", {})
+    if "error" not in nic:
+        lost = {k: v for k, v in nic.items() if k not in ("packets", "bytes") and v}
+        print(f"  {report['nic']}: received {nic['packets']} frames; dropped by the kernel before tc: "
+              + (", ".join(f"{k} {v}" for k, v in lost.items()) or "none"), file=out)
     if any(v for k, v in reasons.items() if k != "error"):
-        print("  trunk: " + ", ".join(f"{k} {v}" for k, v in reasons.items() if v), file=out)
+        print("  trunk_ingress: " + ", ".join(f"{k} {v}" for k, v in reasons.items() if v), file=out)

@@ -15,11 +15,12 @@ keeper, one supervisor and one HAProxy for two graphs.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
 
-from netns.handle import BASE, SECOND_GRAPH
+from netns.handle import BASE, PYTHON, SECOND_GRAPH
 
 
 def status(host, conf) -> dict:
@@ -167,13 +168,53 @@ def test_bad_config_is_refused_with_field_and_value_and_leaves_nothing(host, wha
     assert host.snapshot() == before, f"{what}: pepctl up left something behind"
 
 
-def take_link(host) -> None:
+def take_link(host):
     """The operator's own link, under the name graph g2's host-side access port would get."""
     subprocess.run(["ip", "-n", host.ns, "link", "add", f"{host.inst}c101", "type", "veth", "peer", "name", "blk1"],
                    check=True)
 
 
-def take_trunk_filter(host) -> None:
+def take_namespace(host):
+    """The operator's own namespace, under the name graph g2's would get."""
+    subprocess.run(["ip", "netns", "add", f"{host.inst}-g2"], check=True)
+    return lambda: subprocess.run(["ip", "netns", "del", f"{host.inst}-g2"], check=True)
+
+
+def take_pins(host):
+    """A pin folder under the instance's name (another instance's, or a crashed run's)."""
+    path = f"/sys/fs/bpf/{host.inst}/{host.inst}"
+    os.makedirs(path)
+    return lambda: (os.rmdir(path), os.rmdir(os.path.dirname(path)))
+
+
+# Names `up` would make that exist already: (what, how the test takes the name, the field the message must
+# name, the value it must name). `up` must refuse before it makes anything, and leave the operator's thing.
+TAKEN = [
+    ("link of graph g2", take_link, "graph[1].access.vlan", "c101"),
+    ("namespace of graph g2", take_namespace, "graph[1].name", "-g2"),
+    ("pin folder", take_pins, "host.bpf_dir", "exists already"),
+]
+
+
+@pytest.mark.parametrize("what,take,field,value", TAKEN, ids=[t[0] for t in TAKEN])
+def test_taken_name_is_refused_before_anything_is_made(host, what, take, field, value):
+    conf = host.config(BASE + SECOND_GRAPH)
+    release = take(host)
+    try:
+        before = host.snapshot()
+        up = host.pepctl(conf, "up")
+        assert up.returncode != 0, f"{what} taken: pepctl up succeeded anyway: {up.stdout}"
+        assert field in up.stderr and value in up.stderr and conf in up.stderr, \
+            f"{what} taken: the message does not name {conf}, {field} and {value!r}: {up.stderr}"
+        assert "bringing up" not in up.stdout, f"{what} taken: up started anyway: {up.stdout}"
+        assert host.snapshot() == before, f"{what} taken: pepctl up left something behind, or removed the " \
+                                          f"operator's {what}"
+    finally:
+        if release:
+            release()
+
+
+def take_trunk_filter(host):
     """The operator's own filter on nic0 ingress at the preference and handle trunk_ingress would get
     (a classic-BPF `ret 0`: cls_bpf needs no object for it), on the operator's own clsact qdisc."""
     for cmd in (["tc", "qdisc", "add", "dev", "nic0", "clsact"],
@@ -182,27 +223,50 @@ def take_trunk_filter(host) -> None:
         subprocess.run(["nsenter", f"--net=/run/netns/{host.ns}", *cmd], check=True)
 
 
+def take_metrics_port(host):
+    """The operator's own listener on 127.0.0.1:9101 of the host namespace, where HAProxy's Prometheus
+    exporter binds: HAProxy cannot start."""
+    subprocess.run(["ip", "-n", host.ns, "link", "set", "lo", "up"], check=True)
+    listen = ("import socket,sys;s=socket.socket();s.bind(('127.0.0.1',9101));s.listen();print('ready',flush=True);"
+              "sys.stdin.read()")
+    proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{host.ns}", PYTHON, "-c", listen], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready", "the test's listener on 127.0.0.1:9101 did not start"
+
+    def release():
+        proc.stdin.close()   # it exits at EOF
+        proc.wait(timeout=5)
+    return release
+
+
 # Where `up` fails: (what, how the test makes it fail, what stderr must name, the last step `up` must have
-# finished before failing: what the rollback has to undo).
+# finished before failing: what the rollback has to undo; None: refusing up front is right too).
 FAILURES = [
-    # g1's links and routes are built before g2's veth fails: namespaces, pins, maps, sysctls to undo.
-    ("graph g2's port name taken", take_link, "c101", "links, addresses and routes of graph g1"),
-    # The very last step fails: the keeper, the supervisor and HAProxy run already and must be stopped.
-    ("trunk filter taken", take_trunk_filter, "trunk_ingress", "start the proxy supervisor"),
+    # HAProxy exits at once, again and again: the keeper and the supervisor run and must be stopped
+    # (the start step waits for HAProxy for a minute before it gives up).
+    ("metrics port taken", take_metrics_port, "did not report HAProxy up", "check /run/"),
+    # trunk_ingress's place on the NIC is taken: refused up front, or the very last step fails after
+    # HAProxy came up. Either way the operator's filter must survive.
+    ("trunk filter taken", take_trunk_filter, "nic0", None),
 ]
 
 
 @pytest.mark.parametrize("what,block,names,reached", FAILURES, ids=[f[0] for f in FAILURES])
 def test_failure_halfway_rolls_back_everything_it_made_and_nothing_else(host, what, block, names, reached):
     conf = host.config(BASE + SECOND_GRAPH)
-    block(host)
-    before, filters = host.snapshot(), nic_filters(host)
-    up = host.pepctl(conf, "up")
-    assert up.returncode != 0, f"{what}: pepctl up succeeded anyway: {up.stdout}"
-    assert names in up.stderr, f"{what}: the error does not name {names!r}: {up.stderr}"
-    assert reached in up.stdout, f"{what}: the failure came before {reached!r}, too early to test the rollback: " \
-                                 f"{up.stdout}"
-    assert host.snapshot() == before, f"{what}: rollback left something behind, or removed the operator's things"
-    got = nic_filters(host)
-    assert got == filters, f"{what}: host {host.ns} nic0 ingress filters: expected the operator's {filters}, " \
-                           f"got {got}"
+    release = block(host)
+    try:
+        before, filters = host.snapshot(), nic_filters(host)
+        up = host.pepctl(conf, "up")
+        assert up.returncode != 0, f"{what}: pepctl up succeeded anyway: {up.stdout}"
+        assert names in up.stderr, f"{what}: the error does not name {names!r}: {up.stderr}"
+        if reached:
+            assert reached in up.stdout, f"{what}: the failure came before {reached!r}, too early to test the " \
+                                         f"rollback: {up.stdout}"
+        assert host.snapshot() == before, f"{what}: rollback left something behind, or removed the operator's things"
+        got = nic_filters(host)
+        assert got == filters, f"{what}: host {host.ns} nic0 ingress filters: expected the operator's {filters}, " \
+                               f"got {got}"
+    finally:
+        if release:
+            release()
