@@ -117,8 +117,27 @@ static __always_inline int rule_hit(const struct flow_key *k, const struct where
  * bpf handed over and marked), else BYPASS_FAILOPEN. */
 static __always_inline __u32 to_proxy(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w)
 {
-	struct bpf_sock *sk = sock_for(skb, p, listener_port(w->listen_port, p));
+	struct bpf_sock *sk;
 	__u32 verdict = VERDICT_PROXY;
+
+	if (w->flags & GRAPH_F_ASSIGN) {
+		/* A retransmitted SYN of a flow the proxy is answering goes to
+		 * its request socket, which answers it again at once (as the
+		 * kernel's own lookup, and nft's tproxy, would do). Handed to the
+		 * listener instead it would be dropped as a duplicate, and the
+		 * client would wait for the SYN-ACK timer. A TIME_WAIT socket of
+		 * an old connection on the same 4-tuple is passed over: the new
+		 * flow belongs to the listener. Not a new flow: not counted. */
+		sk = sock_for(skb, p, p->dport);
+		if (sk) {
+			int mine = sk->state != BPF_TCP_TIME_WAIT && sk->state != BPF_TCP_LISTEN && !hand_to(skb, sk);
+
+			bpf_sk_release(sk);
+			if (mine)
+				return VERDICT_PROXY;
+		}
+	}
+	sk = sock_for(skb, p, listener_port(w->listen_port, p));
 
 	if (!sk)
 		return VERDICT_BYPASS_FAILOPEN;  /* the proxy is down: fail open */

@@ -50,7 +50,8 @@ def _snapshot() -> dict[str, set[str]]:
     links = {ln["ifname"] for ln in json.loads(subprocess.run(["ip", "-j", "link"], capture_output=True,
                                                               text=True).stdout or "[]")}
     return {"netns": listdir("/run/netns"), "bpf pins": listdir("/sys/fs/bpf"),
-            "run dirs": listdir("/run/peplab") | listdir("/run/pep"), "processes": procs, "links": links}
+            "run dirs": listdir("/run/peplab") | listdir("/run/pep") | listdir("/run/pep-instances"),
+            "processes": procs, "links": links}
 
 
 @pytest.fixture(scope="session", autouse=True)

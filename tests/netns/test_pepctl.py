@@ -14,6 +14,7 @@ keeper, one supervisor and one HAProxy for two graphs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -21,6 +22,19 @@ import subprocess
 import pytest
 
 from netns.handle import BASE, PYTHON, SECOND_GRAPH
+
+
+@pytest.fixture(autouse=True)
+def no_stray_lock(host):
+    """A refused `up` must leave nothing; when it leaves its instance's lock file and run folder anyway
+    (the test has failed and said so), remove them so that later runs start clean."""
+    yield
+    run_dir = f"/run/{host.inst}"
+    if not os.path.exists(os.path.join(run_dir, f"{host.inst}.journal")):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(run_dir, f"{host.inst}.lock"))
+        with contextlib.suppress(FileNotFoundError, OSError):
+            os.rmdir(run_dir)
 
 
 def status(host, conf) -> dict:
