@@ -23,6 +23,17 @@ CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+def join(ns: str) -> None:
+    """Moves the calling thread (only it) into network namespace ns."""
+    fd = os.open(netns_path(ns), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if _libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into namespace {ns}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
 def in_netns(ns: str | None, fn, *args):
     """fn(*args) on a thread inside namespace ns (None: here); returns its result or raises."""
     if ns is None:
@@ -31,13 +42,7 @@ def in_netns(ns: str | None, fn, *args):
 
     def body():
         try:
-            fd = os.open(netns_path(ns), os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if _libc.setns(fd, CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns into namespace {ns}: {os.strerror(err)}")
-            finally:
-                os.close(fd)
+            join(ns)
             box["result"] = fn(*args)
         except BaseException as e:   # handed to the caller's thread
             box["error"] = e

@@ -7,7 +7,6 @@ removed at teardown, also after a failure.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import secrets
@@ -23,11 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from pepctl import bpfsys  # noqa: E402
+from pepctl import bpfsys, nsutil  # noqa: E402
 
 BPFFS = Path("/sys/fs/bpf")
 PREFIX = "pst"
-CLONE_NEWNET = 0x40000000
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess:
@@ -88,14 +86,7 @@ class NetnsRunner:
         self._pool = ThreadPoolExecutor(max_workers=1, initializer=self._enter)
 
     def _enter(self) -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = os.open(f"/run/netns/{self.name}", os.O_RDONLY)
-        try:
-            if libc.setns(fd, CLONE_NEWNET) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, f"setns into netns {self.name}: {os.strerror(err)}")
-        finally:
-            os.close(fd)
+        nsutil.join(self.name)
 
     def __call__(self, fn, *args, **kwargs):
         return self._pool.submit(fn, *args, **kwargs).result(timeout=30)
