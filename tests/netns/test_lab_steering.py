@@ -69,11 +69,11 @@ def test_tagged_frame_goes_to_its_own_port_only(lab):
 
 
 def test_unknown_vlan_goes_to_the_host_not_to_a_graph(lab):
-    before = lab.status()["pepctl"]["drops_and_passes"]["pass_unknown_vlan"]
+    before = lab.status()["pepctl"]["trunk"]["reasons"]["pass_unknown_vlan"]
     marker = b"steer-unknown-300"
     got = received(capture(lab, "pep", "c_in", "switch", "trunk", [marker_frames(lab, 300, marker)]), marker)
     assert got == [], f"on pep/c_in: a VLAN 300 frame was steered: {got}"
-    after = lab.status()["pepctl"]["drops_and_passes"]["pass_unknown_vlan"]
+    after = lab.status()["pepctl"]["trunk"]["reasons"]["pass_unknown_vlan"]
     assert after == before + 1, f"pass_unknown_vlan counter: expected {before + 1}, got {after}"
 
 

@@ -1,13 +1,23 @@
-"""The transparent proxy in the lab: split TCP, BBR to clients, CUBIC to origin.
+"""The transparent proxy in the lab: split TCP, BBR to clients, CUBIC to origin, in each interception mode.
 
-   client 198.18.0.10 -- switch == nic0 [proxyhost] == c_in [pep: nft TPROXY -> HAProxy] s_in == ... -- origin nginx
+   client 198.18.0.10 -- switch == nic0 [proxyhost: HAProxy, stats socket, exporter 127.0.0.1:9101]
+                                      == c_in [pep: tc flow_ingress (bpf: sk_assign | nft: TPROXY) -> listener] s_in
+                                      == ... -- origin nginx 198.19.0.10
+
+Every test runs on two labs (LABS): the default one (interception `bpf`, every TCP port), and one
+with `--interception nft --ports 80`, so the nft path stays covered.
 
 How right is told from wrong: the origin's access log names the peer of each
 request it served; through a transparent proxy that must be the client's own
-address. HAProxy's stats socket counts the sessions it carried, so a request
-that went through it moves `stot`, and one that was only routed (ping, UDP,
-TCP to a port not intercepted) does not. `ss -tin` inside the pep namespace
-shows each socket's congestion control.
+address. HAProxy's stats (frontend graph_pep) count the sessions it carried, and
+flow_ingress's counters (flows_proxied, flows_not_intercepted, syn_to_self,
+pkts_assigned) say what it decided, so a request that went through HAProxy moves
+`stot` and one that was only routed (ping, UDP, TCP to a port not intercepted)
+does not. `ss -tin` inside the pep namespace (where HAProxy opens its sockets,
+`namespace` on bind and server) shows each socket's congestion control. Which
+interception ran is told by what it leaves: an nft table and its counters in
+nft mode; no nft ruleset at all, and packets handed to sockets (pkts_assigned),
+in bpf mode.
 """
 
 from __future__ import annotations
@@ -22,26 +32,63 @@ import time
 
 import pytest
 
-from netns.handle import PEP_LAB, PYTHON, wait_until
+from netns.handle import PEP_LAB, PYTHON, LabHandle, wait_until
+from pepctl import nsutil
 
-LAB_OPTIONS: list[str] = []   # the default lab: proxy on, nft interception of port 80
+# The lab's options per interception mode.
+LABS = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"]}
+_broken: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module", params=list(LABS))
+def lab(request):
+    """The lab of one interception mode (lab.interception says which). One that fails to build makes the
+    remaining tests of that mode skip."""
+    mode = request.param
+    if mode in _broken:
+        pytest.skip(f"the {mode} lab failed to build: {_broken[mode]}")
+    try:
+        handle = LabHandle.up(f"hb{secrets.token_hex(3)}", LABS[mode])
+    except RuntimeError as e:
+        _broken[mode] = str(e)[-500:]
+        pytest.fail(str(e))
+    handle.interception = mode
+    try:
+        yield handle
+    finally:
+        handle.down()
+
+
+def graph(lab) -> dict:
+    return lab.status()["pepctl"]["graphs"][0]
 
 
 def sessions(lab) -> int:
-    return lab.status()["pepctl"]["graphs"][0]["proxy"]["sessions_total"]
+    return graph(lab)["proxy"]["haproxy"]["sessions_total"]
+
+
+def flows(lab) -> dict[str, int]:
+    return graph(lab)["flows"]
+
+
+def grew(before: dict, after: dict) -> dict:
+    return {k: after[k] - before[k] for k in before if after[k] != before[k]}
 
 
 @pytest.mark.parametrize("url,client", [("http://198.19.0.10/", "198.18.0.10"),
                                         ("http://[2001:2:0:2::10]/", "2001:2:0:1::10")])
 def test_origin_sees_client_address_and_haproxy_counts_it(lab, url, client):
-    before = sessions(lab)
+    before, f0 = sessions(lab), flows(lab)
     tag = f"t{secrets.token_hex(4)}"
     body = lab.run("client", "curl", "-s", "-m", "5", f"{url}?{tag}").stdout
     assert "PEP lab origin" in body, f"client: curl {url}: {body[:200]!r}"
     peer = lab.origin_peer(tag)
     assert peer == client, f"origin log: expected peer {client}, got {peer}"
     after = wait_until(lambda: sessions(lab) > before and sessions(lab), timeout=3, what="HAProxy stot")
-    assert after == before + 1, f"HAProxy sessions_total: expected {before + 1}, got {after}"
+    assert after == before + 1, f"HAProxy graph_pep sessions_total: expected {before + 1}, got {after}"
+    f1 = flows(lab)
+    assert f1["flows_proxied"] == f0["flows_proxied"] + 1, \
+        f"pep flow counters ({lab.interception}): expected flows_proxied +1, got {grew(f0, f1)}"
 
 
 def _ss_sockets(lab) -> list[tuple[str, str, str]]:
@@ -87,7 +134,7 @@ def test_side_routes_carry_congctl_and_initial_window(lab):
 
 
 def test_ping_and_udp_are_routed_not_proxied(lab):
-    before = sessions(lab)
+    before, f0 = sessions(lab), flows(lab)
     for dst in ("198.19.0.10", "2001:2:0:2::10"):
         lab.run("client", "ping", "-c", "2", "-i", "0.1", "-W", "2", dst)
     echo = ("import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.bind(('0.0.0.0',80));"
@@ -99,20 +146,110 @@ def test_ping_and_udp_are_routed_not_proxied(lab):
     assert lab.run("client", PYTHON, "-c", ask).stdout.strip() == "UDP TO PORT 80"
     server.wait(timeout=5)
     assert sessions(lab) == before, "HAProxy counted a session for ping/UDP"
+    f1 = flows(lab)
+    # 4 echo requests and replies per family, the datagram and its answer: all passed to the stack.
+    assert f1["pkts_not_tcp"] >= f0["pkts_not_tcp"] + 10 and f1["flows_proxied"] == f0["flows_proxied"], \
+        f"pep flow counters ({lab.interception}): expected pkts_not_tcp +10 or more and no flow proxied, " \
+        f"got {grew(f0, f1)}"
 
 
-def test_tcp_port_not_intercepted_is_routed(lab):
-    before = sessions(lab)
-    srv = ("import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
-           "s.bind(('0.0.0.0',8081));s.listen();print('ready',flush=True);s.settimeout(5);c,a=s.accept();"
-           "c.sendall(a[0].encode());c.close()")
-    server = lab.popen("origin", PYTHON, "-c", srv)
+# A TCP server on the origin that answers with the peer address it saw, on any port.
+ECHO_PEER = ("import socket,sys;fam=socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET;s=socket.socket(fam);"
+             "s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind((sys.argv[1],int(sys.argv[2])));s.listen();"
+             "print('ready',flush=True);s.settimeout(5);c,a=s.accept();c.sendall(a[0].encode());c.close()")
+ASK_PEER = ("import socket,sys;c=socket.create_connection((sys.argv[1],int(sys.argv[2])),3);"
+            "print(c.recv(100).decode())")
+
+# Per lab: (origin address, port, client, what should happen), one IPv4 and one IPv6 case. The default
+# lab intercepts every TCP port; the nft lab only port 80, so other ports are routed.
+PORTS = {
+    "bpf": [("198.19.0.10", 8081, "198.18.0.10", "proxied"), ("2001:2:0:2::10", 4011, "2001:2:0:1::10", "proxied")],
+    "nft": [("198.19.0.10", 8081, "198.18.0.10", "routed"), ("2001:2:0:2::10", 4011, "2001:2:0:1::10", "routed")],
+}
+
+
+@pytest.mark.parametrize("case", [0, 1], ids=["v4", "v6"])
+def test_tcp_port_is_proxied_when_intercepted_and_routed_when_not(lab, case):
+    origin, port, client, want = PORTS[lab.interception][case]
+    before, f0 = sessions(lab), flows(lab)
+    server = lab.popen("origin", PYTHON, "-c", ECHO_PEER, origin, str(port))
     assert server.stdout.readline().strip() == "ready"
-    got = lab.run("client", PYTHON, "-c", "import socket;c=socket.create_connection(('198.19.0.10',8081),3);"
-                  "print(c.recv(100).decode())").stdout.strip()
+    got = lab.run("client", PYTHON, "-c", ASK_PEER, origin, str(port)).stdout.strip()
     server.wait(timeout=5)
-    assert got == "198.18.0.10", f"origin saw {got!r} on port 8081"
-    assert sessions(lab) == before, "HAProxy counted a session for a port it does not intercept"
+    assert got == client, f"origin: TCP port {port}: expected to see peer {client}, saw {got!r}"
+    f1 = flows(lab)
+    if want == "proxied":
+        wait_until(lambda: sessions(lab) == before + 1, timeout=3,
+                   what=f"HAProxy sessions_total {before + 1} (port {port} proxied)")
+        assert f1["flows_proxied"] == f0["flows_proxied"] + 1, \
+            f"pep flow counters: port {port}: expected flows_proxied +1, got {grew(f0, f1)}"
+    else:
+        assert sessions(lab) == before, f"HAProxy counted a session for port {port}, which it does not intercept"
+        assert f1["flows_not_intercepted"] == f0["flows_not_intercepted"] + 1 and \
+            f1["flows_proxied"] == f0["flows_proxied"], \
+            f"pep flow counters: port {port}: expected flows_not_intercepted +1 only, got {grew(f0, f1)}"
+
+
+def nft_counters(lab) -> dict[str, int]:
+    out = json.loads(lab.run("pep", "nft", "-j", "list", "counters").stdout)["nftables"]
+    return {c["counter"]["name"]: c["counter"]["packets"] for c in out if "counter" in c}
+
+
+def test_interception_is_the_modes_own(lab):
+    """bpf: no netfilter at all in the graph's namespace, and the request's packets are handed to
+    sockets by tc; nft: the instance's table, whose counters the request moves."""
+    f0 = flows(lab)
+    n0 = nft_counters(lab) if lab.interception == "nft" else {}
+    lab.run("client", "curl", "-s", "-m", "5", "-o", "/dev/null", "http://198.19.0.10/1k")
+    f1 = flows(lab)
+    if lab.interception == "bpf":
+        ruleset = lab.run("pep", "nft", "-j", "list", "ruleset").stdout
+        items = [i for i in json.loads(ruleset)["nftables"] if "metainfo" not in i]
+        assert items == [], f"pep namespace in bpf mode: expected no nft ruleset, got {items}"
+        assert f1["pkts_assigned"] > f0["pkts_assigned"], \
+            f"pep flow counters: a proxied request in bpf mode moved no pkts_assigned: {grew(f0, f1)}"
+    else:
+        tables = [i["table"]["name"] for i in json.loads(lab.run("pep", "nft", "-j", "list", "tables").stdout)
+                  ["nftables"] if "table" in i]
+        assert tables == [f"pep_pl{lab.rid}"], f"pep namespace in nft mode: tables: expected [pep_pl{lab.rid}], " \
+                                               f"got {tables}"
+        n1 = nft_counters(lab)
+        assert n1["intercepted_v4"] > n0["intercepted_v4"] and n1["proxied"] > n0["proxied"], \
+            f"pep nft counters: a proxied request did not move them: {grew(n0, n1)}"
+        assert f1["pkts_assigned"] == f0["pkts_assigned"], f"nft mode assigned packets in tc: {grew(f0, f1)}"
+
+
+# Connections to every one of the PEP's own addresses: (node, address), each on port 80 (intercepted
+# in both labs) and on the listener's port 50080.
+SELF = [("client", "198.18.0.1"), ("client", "2001:2:0:1::1"), ("client", "198.19.0.1"),
+        ("origin", "198.19.0.1"), ("origin", "2001:2:0:2::1"), ("origin", "198.18.0.1")]
+TRY_CONNECT = r"""
+import json, socket, sys, threading
+out = {}
+def one(addr, port):
+    try:
+        socket.create_connection((addr, port), timeout=1.5).close()
+        out[f"{addr} {port}"] = "connected"
+    except OSError as e:
+        out[f"{addr} {port}"] = type(e).__name__
+ts = [threading.Thread(target=one, args=(a, int(p))) for a, p in (t.split(",") for t in sys.argv[1:])]
+[t.start() for t in ts]
+[t.join() for t in ts]
+print(json.dumps(out))
+"""
+
+
+def test_no_connection_to_the_peps_own_addresses(lab):
+    f0 = flows(lab)
+    connected = {}
+    for node in ("client", "origin"):
+        targets = [f"{addr},{port}" for n, addr in SELF if n == node for port in (80, 50080)]
+        got = json.loads(lab.run(node, PYTHON, "-c", TRY_CONNECT, *targets, timeout=30).stdout)
+        connected.update({f"{node} -> {k}": v for k, v in got.items() if v == "connected"})
+    assert not connected, f"connections to the PEP's own addresses succeeded ({lab.interception}): {connected}"
+    f1 = flows(lab)
+    assert f1["syn_to_self"] - f0["syn_to_self"] >= 2 * len(SELF), \
+        f"pep flow counters: expected syn_to_self +{2 * len(SELF)} or more, got {grew(f0, f1)}"
 
 
 def test_pepctl_up_twice_changes_nothing(lab):
@@ -125,6 +262,8 @@ def test_reload_during_load_loses_no_transaction(lab):
     with open(conf) as f:
         original = f.read()
     results = {}
+    gen0 = lab.pepctl("status", "--json")
+    gen0 = json.loads(gen0.stdout)["proxy"]["generation"]
 
     def load():
         results["wrk"] = lab.run("client", "wrk", "-t1", "-c8", "-d4s", "-H", "Connection: close",
@@ -137,7 +276,7 @@ def test_reload_during_load_loses_no_transaction(lab):
             with open(conf, "w") as f:
                 f.write(re.sub(r'splice = "\w+"', f'splice = "{splice}"', original))
             proc = lab.pepctl("reload")
-            assert "reloaded" in proc.stdout
+            assert "reloaded" in proc.stdout, proc.stdout + proc.stderr
             time.sleep(0.5)
     finally:
         t.join()
@@ -148,6 +287,10 @@ def test_reload_during_load_loses_no_transaction(lab):
     done = int(re.search(r"(\d+) requests in", out).group(1))
     assert done > 100, f"wrk made only {done} requests: {out}"
     assert "Socket errors" not in out and "Non-2xx" not in out, f"transactions lost during reload:\n{out}"
+    proxy = json.loads(lab.pepctl("status", "--json").stdout)["proxy"]
+    assert proxy["generation"] == gen0 + 4 and proxy["last_reload"]["ok"], \
+        f"supervisor: expected 4 more reloads, all ok, got generation {gen0} -> {proxy['generation']}, " \
+        f"last {proxy['last_reload']}"
 
 
 def test_reload_refuses_structural_change_and_changes_nothing(lab):
@@ -167,8 +310,9 @@ def test_reload_refuses_structural_change_and_changes_nothing(lab):
 
 def test_client_reusing_its_port_is_not_delayed_by_time_wait(lab):
     """A client reusing a source port whose previous connection sits in TIME_WAIT in the proxy
-    namespace: its new SYN must reach HAProxy's listener at once (tproxy), not the TIME_WAIT socket,
-    which would answer with a stale ACK and make the client retransmit its SYN."""
+    namespace: its new SYN must reach HAProxy's listener at once (nft: tproxy; bpf: sk_assign to the
+    listener), not the TIME_WAIT socket, which would answer with a stale ACK and make the client
+    retransmit its SYN."""
     def syn_retransmits() -> int:
         out = lab.run("client", "nstat", "-az", "TcpExtTCPSynRetrans").stdout
         return int(re.search(r"TcpExtTCPSynRetrans\s+(\d+)", out).group(1))
@@ -186,13 +330,22 @@ def test_client_reusing_its_port_is_not_delayed_by_time_wait(lab):
     assert syn_retransmits() == before, "client: SYNs were retransmitted: a SYN hit a TIME_WAIT socket"
 
 
-def test_prometheus_exporter_counts_sessions(lab):
+def test_prometheus_exporter_counts_sessions_on_the_host_only(lab):
+    """The exporter lives in the proxy host's namespace (127.0.0.1:9101), where the host's monitoring
+    scrapes it, never on a data VLAN: the graph's namespace has no listener on 9101."""
     lab.run("client", "curl", "-s", "-m", "5", "-o", "/dev/null", "http://198.19.0.10/")
-    text = lab.run("pep", "curl", "-s", "-m", "5", "http://127.0.0.1:9101/metrics").stdout
-    m = re.search(r'^haproxy_frontend_sessions_total\{proxy="intercept"\} (\d+)', text, re.M)
-    assert m and int(m.group(1)) >= 1, f"pep: /metrics has no intercept sessions: {text[:300]!r}"
+    proc = lab.run("proxyhost", "curl", "-sS", "-m", "5", "http://127.0.0.1:9101/metrics", check=False)
+    text = proc.stdout
+    m = re.search(r'^haproxy_frontend_sessions_total\{proxy="graph_pep"\} (\d+)', text, re.M)
+    assert m and int(m.group(1)) >= 1, \
+        f"proxyhost: curl http://127.0.0.1:9101/metrics (exit {proc.returncode}, {proc.stderr.strip()!r}): " \
+        f"no graph_pep sessions: {text[:300]!r}"
+    ports = nsutil.listening_ports(lab.netns("pep"))
+    assert 9101 not in ports, f"pep namespace: something listens on 9101 (listening: {sorted(ports)})"
 
 
 def test_lab_status_is_up(lab):
     proc = subprocess.run([PEP_LAB, "status"], env=lab.env, capture_output=True, text=True)
-    assert proc.returncode == 0 and "up" in proc.stdout and "haproxy pid" in proc.stdout, proc.stdout
+    assert proc.returncode == 0, proc.stderr
+    for want in ("up", "HAProxy pid", "supervisor pid", "new flows: PROXY", f"{lab.interception} interception"):
+        assert want in proc.stdout, f"pep-lab status lacks {want!r}: {proc.stdout}"

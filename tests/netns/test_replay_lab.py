@@ -41,7 +41,7 @@ def profile():
 
 
 def sessions(lab) -> int:
-    return lab.status()["pepctl"]["graphs"][0]["proxy"]["sessions_total"]
+    return lab.status()["pepctl"]["graphs"][0]["proxy"]["haproxy"]["sessions_total"]
 
 
 def test_small_objects_through_the_proxy_from_241_clients(lab, profile):
