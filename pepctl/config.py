@@ -7,9 +7,16 @@ it can be found, the field as a dotted path with 0-based list indexes
 
     /etc/pep/pep.toml:14: graph[1].access.vlan = 4095: not a usable VLAN id; use 1-4094
 
-What this module cannot know is left to `up`: whether the NIC exists, and (when
-the caller does not pass available_cc) which congestion controls the kernel has.
-etc/pep.example.toml documents every key.
+Every key and every string value is ASCII: a full-width "80" (U+FF18 U+FF10) or a no-break space
+is refused, naming the character, even where int() or ipaddress would take it.
+Address kinds that cannot work where they are written (multicast, link-local,
+loopback, unspecified, IPv4-mapped, reserved, zone ids) are refused here too,
+with the same rules for the bypass rules of the command line (pepctl/bypass.py).
+
+What this module cannot know is left to `plan` (pepctl/checks.py): whether the
+NIC exists, the open-file limit, the filesystems of run_dir and bpf_dir, other
+instances, and (when the caller does not pass available_cc) which congestion
+controls the kernel has. etc/pep.example.toml documents every key.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import ipaddress
 import json
 import re
 import tomllib
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,17 +126,25 @@ class ConfigError(Exception):
         super().__init__("\n".join(str(e) for e in self.errors))
 
 
-def toml_value(v: Any) -> str:
-    """A value written back the way it looks in the file, so the user can find it."""
+def toml_value(v: Any, depth: int = 0) -> str:
+    """A value written back the way it looks in the file, so the user can find it. ASCII (json
+    escapes the rest as \\uXXXX, as TOML does); nesting deeper than 8 is shown as "..."."""
+    if depth > 8:
+        return "..."
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):
         return json.dumps(v)
     if isinstance(v, list | tuple):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+        return "[" + ", ".join(toml_value(x, depth + 1) for x in v) + "]"
     if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + " }"
+        return "{ " + ", ".join(f"{_key_text(k)} = {toml_value(x, depth + 1)}" for k, x in v.items()) + " }"
     return str(v)
+
+
+def _key_text(key: str) -> str:
+    """A key as TOML writes it: bare when it can be, else quoted (and so ASCII)."""
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
 
 
 # --- the schema -------------------------------------------------------------------------------
@@ -176,6 +192,24 @@ GRAPH_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,11}")
 CONGCTL_RE = re.compile(r"[a-z0-9_]{1,15}")
 MAX_THREADS = 64          # HAProxy 2.6 is built with MAX_THREADS=64 (`haproxy -vv`)
 MAX_ROUTE_PORTS = 1000    # route mode binds one listener per port and family
+# HAProxy keeps maxconn, and the descriptors it sizes from it (about 2.5 a connection:
+# pepctl/hostinfo.py maxconn_for), in C ints, and Linux caps every open-file limit (fs.nr_open)
+# below 2^31: 800 million connections need 2.0e9 descriptors, more than any host allows. plan
+# checks maxconn against this host's own limit (pepctl/checks.py); this bound needs no host.
+MAXCONN_MAX = 800_000_000
+
+# Paths. HAProxy binds its stats socket (run_dir/INSTANCE/proxy/haproxy.sock, pepctl/names.py)
+# by way of "<path>.<pid>.tmp" (its sock_unix.c), and that name must fit sun_path: 108 bytes with
+# the NUL. Pids go up to 4194304 (PID_MAX_LIMIT), so the socket path itself may have at most
+# 107 - len(".4194304.tmp") = 95 bytes. run_dir_max() is what that leaves run_dir.
+UNIX_PATH_MAX = 107
+STATS_SOCKET_MAX = UNIX_PATH_MAX - len(".4194304.tmp")
+STATS_SOCKET_TAIL = ("proxy", "haproxy.sock")     # under run_dir/INSTANCE, as names.instance_names
+SUPERVISOR_UNIT = "pep-supervisor@.service"     # as pepctl/names.py SUPERVISOR_UNIT (names imports this module)
+UNIT_NAME_MAX = 255       # systemd: pep-supervisor@<run_dir/INSTANCE, escaped>.service
+PATH_LEN_MAX = 255        # run_dir, bpf_dir: NAME_MAX, so no pin path (bpf_dir/INSTANCE/flow/maps/NAME) nears PATH_MAX
+PATH_CHARS = "letters, digits, '.', '_', '-' and '/'"   # POSIX's portable file name characters
+_PATH_RE = re.compile(r"[A-Za-z0-9._/-]*")
 ENUMS = {
     "interception": ("bpf", "nft", "route"),
     "supervisor": ("auto", "systemd", "pepctl"),
@@ -184,6 +218,7 @@ ENUMS = {
 }
 
 NO_GRAPHS = "no graphs; add at least one [[graph]] table (see etc/pep.example.toml)"
+CONFIG_MAX_BYTES = 16 << 20
 
 _INT, _BOOL, _STR, _LIST, _TABLE = "an integer", "true or false", "a string", "a list", "a table"
 
@@ -216,10 +251,181 @@ def in_ranges(port: int, ranges) -> bool:
     return any(lo <= port <= hi for lo, hi in ranges)
 
 
+# --- ASCII, address kinds, paths: the rules pepctl/bypass.py shares ---------------------------
+
+def ascii_problem(text: str) -> str | None:
+    """What is wrong with a string that must be ASCII, naming its first other character; or None.
+    The message is ASCII itself, and says how the text reads in ASCII when NFKC can tell
+    (full-width "80" -> "80")."""
+    if text.isascii():
+        return None
+    i, ch = next((i, c) for i, c in enumerate(text) if not c.isascii())
+    plain = unicodedata.normalize("NFKC", text).strip()   # no value takes a space: "80\u00a0" reads "80"
+    hint = f", {json.dumps(plain)}" if plain.isascii() and plain else ""
+    return (f"has a non-ASCII character, U+{ord(ch):04X} {unicodedata.name(ch, '(unnamed)')} (character {i + 1}); "
+            f"write it in ASCII{hint}")
+
+
+# Address kinds nothing in a config or a bypass rule can use. An address is of a kind when it lies
+# in the range; a network when it lies wholly inside it (0.0.0.0/0 and ::/0 are of no kind).
+_KINDS = [(ipaddress.ip_network(net), kind, why) for net, kind, why in (
+    ("0.0.0.0/32", "unspecified", 'it means "no address"'),
+    ("127.0.0.0/8", "loopback", "it never leaves its host"),
+    ("169.254.0.0/16", "link-local", "it is for one link only: no router forwards it"),
+    ("224.0.0.0/4", "multicast", "it names a group of hosts, not one"),
+    ("255.255.255.255/32", "broadcast", "it reaches every host of a link, not one"),
+    ("240.0.0.0/4", "reserved", "it is reserved for future use (RFC 1112) and not routed"),
+    ("::/128", "unspecified", 'it means "no address"'),
+    ("::1/128", "loopback", "it never leaves its host"),
+    ("::ffff:0:0/96", "IPv4-mapped", "it stands for an IPv4 address inside a host and never appears on a link"),
+    ("fe80::/10", "link-local", "it is for one link only (the kernel gives every link one): no router "
+     "forwards it"),
+    ("ff00::/8", "multicast", "it names a group of hosts, not one"),
+)]
+_KIND_BITS = [(n.version, n.max_prefixlen - n.prefixlen, int(n.network_address) >> (n.max_prefixlen - n.prefixlen),
+               n.prefixlen) for n, _, _ in _KINDS]
+_EXAMPLE = {4: ("198.18.0.1/24", "198.18.0.0/24"), 6: ("2001:2:0:1::1/64", "2001:2:0:1::/64")}
+# What to do, by where the address is written.
+_TODO = {
+    "address": "give this side a unicast address of its own, e.g. {addr}",
+    "gateway": "give the next router's unicast address, in a subnet of this side's addresses",
+    "prefix": "list the unicast networks reached through this side (a default route is 0.0.0.0/0 or ::/0)",
+    "client": "no subscriber's TCP flow comes from it; give a unicast network, e.g. {net}",
+    "server": "no TCP flow goes to it; give a unicast network, e.g. {net}",
+    "metrics": 'give an address of this host, e.g. "127.0.0.1"',
+}
+_ALLOWED = {"metrics": ("unspecified", "loopback")}   # listen on every address, or on 127.0.0.1
+
+
+# The first bytes of every address of a kind, by IP version: most networks are of no kind, and
+# their first byte alone says so.
+_KIND_FIRST = {v: {b for n, _, _ in _KINDS if n.version == v
+                   for b in range(int(n.network_address) >> (n.max_prefixlen - 8),
+                                  (int(n.broadcast_address) >> (n.max_prefixlen - 8)) + 1)} for v in (4, 6)}
+
+
+def address_kind(version: int, value: int, plen: int) -> int | None:
+    """The index in _KINDS of the kind of network value/plen (an address: plen 32 or 128), or None.
+    Plain integers, so bypass rules (100,000 of them) need no ipaddress objects."""
+    if plen >= 8 and value >> (96 * (version == 6) + 24) not in _KIND_FIRST[version]:
+        return None
+    for i, (v, shift, top, kplen) in enumerate(_KIND_BITS):
+        if v == version and plen >= kplen and value >> shift == top:
+            return i
+    return None
+
+
+def kind_problem(x: Addr | Iface | Net, role: str) -> str | None:
+    """What is wrong with an address, interface address or network of a kind that cannot serve as
+    role (a key of _TODO), or None."""
+    if isinstance(x, ipaddress.IPv4Interface | ipaddress.IPv6Interface):
+        value, plen = int(x.ip), x.max_prefixlen
+    elif isinstance(x, ipaddress.IPv4Network | ipaddress.IPv6Network):
+        value, plen = int(x.network_address), x.prefixlen
+    else:
+        value, plen = int(x), x.max_prefixlen
+    i = address_kind(x.version, value, plen)
+    return None if i is None else kind_message(i, role, x)
+
+
+def kind_message(i: int, role: str, x: Any = None) -> str | None:
+    """The message for kind _KINDS[i] written as role; None when role may use that kind. x, the
+    value as ipaddress has it, lets an IPv4-mapped one be shown in IPv4."""
+    net, kind, why = _KINDS[i]
+    if kind in _ALLOWED.get(role, ()):
+        return None
+    where = str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
+    addr, example = _EXAMPLE[net.version]
+    todo = _TODO[role].format(addr=json.dumps(addr), net=example)
+    if kind == "IPv4-mapped" and x is not None and _as_ipv4(x):
+        todo = f"write it as IPv4, {json.dumps(_as_ipv4(x))}"
+    return f"is {kind} ({where}): {why}; {todo}"
+
+
+def _as_ipv4(x: Any) -> str | None:
+    """An IPv4-mapped address, interface or network written as IPv4, or None."""
+    if isinstance(x, ipaddress.IPv6Interface):    # before IPv6Address: an interface is one too
+        plen = x.network.prefixlen - 96
+        return f"{x.ip.ipv4_mapped}/{plen}" if x.ip.ipv4_mapped and plen >= 0 else None
+    if isinstance(x, ipaddress.IPv6Address):
+        return str(x.ipv4_mapped) if x.ipv4_mapped else None
+    if isinstance(x, ipaddress.IPv6Network) and x.prefixlen >= 96:
+        return str(ipaddress.ip_network((int(x.network_address) & 0xFFFFFFFF, x.prefixlen - 96)))
+    return None
+
+
+def zone_problem(text: str) -> str | None:
+    """An IPv6 zone id ("fe80::1%eth0"): ipaddress takes one, pepctl cannot use one."""
+    if "%" not in text:
+        return None
+    zone = "%" + text.partition("%")[2].partition("/")[0]
+    return (f"has a zone id, {json.dumps(zone)}: zone ids pick a link for a link-local address, and pepctl "
+            f"names every link itself and takes no link-local addresses; write it without {json.dumps(zone)}")
+
+
+def run_dir_max(instance: str) -> int:
+    """The longest run_dir whose stats socket (run_dir/INSTANCE/proxy/haproxy.sock) HAProxy can bind."""
+    return STATS_SOCKET_MAX - len(stats_socket("", instance))
+
+
+def stats_socket(run_dir: str, instance: str) -> str:
+    """HAProxy's stats socket, as pepctl/names.py instance_names(...).haproxy_sock makes it."""
+    return "/".join((run_dir, instance, *STATS_SOCKET_TAIL))
+
+
+def supervisor_unit_len(run_dir: str, instance: str) -> int:
+    """The length of pepctl/names.py supervisor_unit(): pep-supervisor@<run_dir/INSTANCE, as
+    systemd-escape --path writes it>.service, for a path that path_problem() passed (its only
+    characters systemd escapes are '-', and '.' at the start, each as \\xNN)."""
+    esc = f"{run_dir}/{instance}".strip("/")
+    return len(SUPERVISOR_UNIT) + len(esc) + 3 * esc.count("-") + 3 * esc.startswith(".")
+
+
+def path_problem(path: str, example: str) -> str | None:
+    """What is wrong with host.run_dir or host.bpf_dir (ASCII already), or None. A path may end
+    in "/" and repeat "/": clean_path() removes those."""
+    if not path.startswith("/"):
+        return f"must be an absolute path, e.g. {json.dumps(example)}"
+    m = _PATH_RE.match(path)
+    if m.end() < len(path):
+        ch = path[m.end()]
+        what = {" ": "a space", "\t": "a tab", "\n": "a newline", "\0": "a NUL"}.get(ch) or (
+            f"a control character (0x{ord(ch):02x})" if ord(ch) < 32 or ord(ch) == 127 else json.dumps(ch))
+        return (f"has {what} (character {m.end() + 1}); use only {PATH_CHARS}: pepctl writes this path into "
+                "HAProxy's config, systemd unit names and commands")
+    parts = path.split("/")
+    for p in (".", ".."):
+        if p in parts:
+            return (f'has a "{p}" folder in it; write the folder plainly, e.g. {json.dumps(example)} '
+                    '(pepctl does not resolve "." and "..")')
+    clean = clean_path(path)
+    if clean == "/":
+        return f"is the root folder; give a folder of pepctl's own, e.g. {json.dumps(example)}"
+    if len(clean) > PATH_LEN_MAX:
+        return f"is {len(clean)} bytes long; use at most {PATH_LEN_MAX}, e.g. {json.dumps(example)}"
+    return None
+
+
+def _nesting(a: str, b: str) -> str | None:
+    """How folder a lies to folder b: "the same folder as", "inside", "around", or None (apart)."""
+    if a == b:
+        return "the same folder as"
+    if (a + "/").startswith(b + "/"):
+        return "inside"
+    return "around" if (b + "/").startswith(a + "/") else None
+
+
+def clean_path(path: str) -> str:
+    """"/run//pep/" -> "/run/pep"."""
+    return "/" + "/".join(p for p in path.split("/") if p)
+
+
 # --- line numbers -----------------------------------------------------------------------------
 
-_HEADER_RE = re.compile(r"\s*(\[\[?)\s*([A-Za-z0-9_.\- ]+?)\s*\]\]?\s*(?:#.*)?$")
-_KEY_RE = re.compile(r"\s*([A-Za-z0-9_.\-]+?)\s*=")
+# Linear regexes (no two parts can take the same characters): the scanner reads every line,
+# also those inside multi-line strings.
+_HEADER_RE = re.compile(r"[ \t]*(\[\[?)[ \t]*([A-Za-z0-9_.-]+(?:[ \t]+[A-Za-z0-9_.-]+)*)[ \t]*\]\]?[ \t\r]*(?:#.*)?$")
+_KEY_RE = re.compile(r"[ \t]*([A-Za-z0-9_.-]+)[ \t]*=")
 
 
 def _line_index(text: str) -> dict[str, int]:
@@ -232,10 +438,12 @@ def _line_index(text: str) -> dict[str, int]:
     index: dict[str, int] = {}
     counts: dict[str, int] = {}
     table = ""
-    for no, line in enumerate(text.splitlines(), 1):
+    # split("\n"), as TOML counts lines: splitlines() would also split at U+2028 or U+0085 in a
+    # comment or a string, and every line number after it would be wrong.
+    for no, line in enumerate(text.split("\n"), 1):
         m = _HEADER_RE.match(line)
         if m:
-            name = m.group(2).replace(" ", "")
+            name = re.sub(r"[ \t]", "", m.group(2))
             if m.group(1) == "[[":
                 counts[name] = counts.get(name, -1) + 1
                 table = f"{name}[{counts[name]}]"
@@ -294,10 +502,15 @@ class _Reader:
                 self.error(_join(where, key), table[key], f"moved to [host] (one HAProxy serves every graph): "
                            f"write `{key} = {toml_value(table[key])}` under [host]")
                 continue
+            listed = f"known keys here: {', '.join(known)}"
+            if not key.isascii():   # a full-width "nic": ascii_problem spells it in ASCII
+                hint = "" if unicodedata.normalize("NFKC", key) in known else f"; {listed}"
+                self.error(_join(where, key), table[key], f"unknown key: it {ascii_problem(key)}{hint}")
+                continue
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-            if not close:  # an abbreviation: irq -> irq_affinity
+            if not close and key:  # an abbreviation: irq -> irq_affinity
                 close = [k for k in known if k.startswith(key)][:1]
-            hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
+            hint = f"did you mean {close[0]!r}?" if close else listed
             self.error(_join(where, key), table[key], f"unknown key; {hint}")
 
     def get(self, table: dict, where: str, key: str, kind: str, default: Any = _REQUIRED,
@@ -311,6 +524,8 @@ class _Reader:
         value = table[key]
         if not _is(value, kind):
             return self.error(path, value, f"must be {kind}, not {_type_name(value)}")
+        if kind == _STR and ascii_problem(value):
+            return self.error(path, value, ascii_problem(value))
         return value
 
     def subtable(self, table: dict, where: str, key: str, known: tuple[str, ...],
@@ -339,16 +554,24 @@ class _Reader:
                                   "(it prefixes every name pepctl makes), e.g. \"pep1\"")
         nic = self.get(raw, "host", "nic", _STR, example='"eth1"')
         if nic is not BAD and not _valid_ifname(nic):
-            nic = self.error("host.nic", nic, "not a valid interface name (1-15 characters, no '/', ':' "
-                             "or spaces); give the trunk NIC as `ip link` shows it")
+            nic = self.error("host.nic", nic, "not a valid interface name (1-15 printable characters, no '/', "
+                             "':' or spaces); give the trunk NIC as `ip link` shows it")
         dirs = []
         for key, default in (("run_dir", "/run/pep"), ("bpf_dir", "/sys/fs/bpf/pep")):
             d = self.get(raw, "host", key, _STR, default)
-            if d is not BAD and not d.startswith("/"):
-                d = self.error(f"host.{key}", d, f"must be an absolute path, e.g. \"{default}\"")
-            elif d is not BAD:
-                d = d.rstrip("/") or "/"
+            if d is not BAD:
+                msg = path_problem(d, default)
+                d = self.error(f"host.{key}", d, msg) if msg else clean_path(d)
             dirs.append(d)
+        if instance is not BAD:
+            dirs[0] = self.run_dir_fits(raw, dirs[0], instance)
+        if BAD not in dirs:
+            run_dir, bpf_dir = dirs
+            rel = _nesting(run_dir, bpf_dir)
+            if rel:
+                dirs[0] = self.error("host.run_dir", raw.get("run_dir", run_dir), f"is {rel} bpf_dir "
+                                     f"({json.dumps(bpf_dir)}); a bpf filesystem holds only pins, and run_dir holds "
+                                     "files: give them separate folders, e.g. \"/run/pep\" and \"/sys/fs/bpf/pep\"")
         traw = self.subtable(raw, "host", "tuning", TUNING_KEYS)
         tuning: Any = BAD
         if traw is not BAD:
@@ -357,6 +580,25 @@ class _Reader:
         extra = [self.host_value(raw, key) for key in HOST_DEFAULTS]
         parts = [instance, nic, *dirs, tuning, *extra]
         return BAD if any(p is BAD for p in parts) else Host(*parts)
+
+    def run_dir_fits(self, raw: dict, run_dir: Any, instance: str) -> Any:
+        """run_dir, or BAD when a name made from it would not fit: HAProxy's stats socket, the
+        supervisor's systemd unit."""
+        if run_dir is BAD:
+            return BAD
+        shown = raw.get("run_dir", run_dir)
+        sock = stats_socket(run_dir, instance)
+        if len(sock) > STATS_SOCKET_MAX:
+            return self.error("host.run_dir", shown, f"too long: HAProxy's stats socket {sock} would be {len(sock)} "
+                              f"bytes, and a socket path can have at most {STATS_SOCKET_MAX} (sun_path's "
+                              f"{UNIX_PATH_MAX}, less the \".PID.tmp\" HAProxy adds while it binds); use a run_dir of "
+                              f"at most {run_dir_max(instance)} bytes, e.g. \"/run/pep\"")
+        unit = supervisor_unit_len(run_dir, instance)
+        if unit > UNIT_NAME_MAX:
+            return self.error("host.run_dir", shown, f"too long for systemd: the supervisor's unit name would be "
+                              f"{unit} bytes, and systemd takes at most {UNIT_NAME_MAX} (it writes each '-' of "
+                              "the path as 4: \\x2d); use a shorter run_dir, e.g. \"/run/pep\"")
+        return run_dir
 
     def host_value(self, raw: dict, key: str) -> Any:
         """One of the [host] keys with a default (HOST_DEFAULTS), checked."""
@@ -375,14 +617,22 @@ class _Reader:
                               "or 0 for one per CPU of the NIC's NUMA node")
         if key == "maxconn" and value < 0:
             return self.error(path, value, "must not be negative; use 0 to size it from the open-file limit")
+        if key == "maxconn" and value > MAXCONN_MAX:
+            return self.error(path, value, f"too large: use at most {MAXCONN_MAX} (HAProxy counts connections "
+                              "and their descriptors in an int; plan also checks it against this host's open-file "
+                              "limit), or 0 to size it from that limit")
         if key == "metrics_port" and not 0 <= value <= 65535:
             return self.error(path, value, "not a TCP port; use 1-65535, or 0 for no metrics")
         if key == "metrics_address":
-            try:
-                ipaddress.ip_address(value)
-            except ValueError:
-                return self.error(path, value, 'not an IP address; the exporter listens on it in the host\'s '
-                                  'namespace, e.g. "127.0.0.1" or a management address')
+            msg = zone_problem(value)
+            if not msg:
+                try:
+                    msg = kind_problem(ipaddress.ip_address(value), "metrics")
+                except ValueError:
+                    msg = ('not an IP address; the exporter listens on it in the host\'s namespace, e.g. '
+                           '"127.0.0.1" or a management address')
+            if msg:
+                return self.error(path, value, msg)
         return value
 
     # -- proxy --
@@ -393,6 +643,8 @@ class _Reader:
             return value if _is(value, _BOOL) else self.error(path, value, f"must be {_BOOL}")
         if key in ENUMS:
             choices = ENUMS[key]
+            if _is(value, _STR) and ascii_problem(value):
+                return self.error(path, value, ascii_problem(value))
             if not _is(value, _STR) or value not in choices:
                 return self.error(path, value, f"must be one of {', '.join(map(json.dumps, choices))}")
             return value
@@ -404,12 +656,17 @@ class _Reader:
             return self.error(path, value, "not a TCP port; use 1-65535 (default 50080)")
         if key == "maxconn" and value < 0:
             return self.error(path, value, "must not be negative; use 0 for the host's maxconn")
+        if key == "maxconn" and value > MAXCONN_MAX:
+            return self.error(path, value, f"too large: use at most {MAXCONN_MAX} (HAProxy counts connections in "
+                              "an int), or 0 for the host's maxconn")
         return value
 
     def ports(self, value: Any, path: str) -> Any:
         """"all" -> None; [80, "8000-8080"] -> ((80, 80), (8000, 8080))."""
         if value == "all":
             return None
+        if _is(value, _STR) and ascii_problem(value):
+            return self.error(path, value, ascii_problem(value))
         if not _is(value, _LIST):
             return self.error(path, value, 'must be "all" or a list like [80, 443, "8000-8080"]')
         if not value:
@@ -509,6 +766,8 @@ class _Reader:
         for i, item in enumerate(items):
             if not _is(item, _STR):
                 self.error(f"{path}.{key}[{i}]", item, f"must be a string, not {_type_name(item)}")
+            elif ascii_problem(item):
+                self.error(f"{path}.{key}[{i}]", item, ascii_problem(item))
             else:
                 out.append((f"{path}.{key}[{i}]", item))
         return out if len(out) == len(items) else BAD
@@ -542,14 +801,20 @@ class _Reader:
                               "subnets of addresses, or list the networks on this side")
         out: list[Net] = []
         for field, text in items:
-            try:
-                out.append(ipaddress.ip_network(text))
-            except ValueError:
+            msg = zone_problem(text)
+            if not msg:
                 try:
-                    net = ipaddress.ip_network(text, strict=False)
-                    self.error(field, text, f'has host bits set; write the network, "{net}"')
+                    net = ipaddress.ip_network(text)
+                    msg = kind_problem(net, "prefix")
                 except ValueError:
-                    self.error(field, text, 'not a network; write it like "198.18.0.0/16" or "2001:2::/48"')
+                    try:
+                        msg = f'has host bits set; write the network, "{ipaddress.ip_network(text, strict=False)}"'
+                    except ValueError:
+                        msg = 'not a network; write it like "198.18.0.0/16" or "2001:2::/48"'
+            if msg:
+                self.error(field, text, msg)
+            else:
+                out.append(net)
         return tuple(dict.fromkeys(out)) if len(out) == len(items) else BAD
 
     def gateways(self, raw: dict, path: str, addresses: Any) -> tuple[Addr, ...] | Any:
@@ -561,16 +826,27 @@ class _Reader:
         for field, text in items:
             try:
                 gw = ipaddress.ip_address(text)
+                msg = zone_problem(text) or kind_problem(gw, "gateway")
             except ValueError:
-                self.error(field, text, "not an IP address; write a router's address like \"198.19.0.254\"")
+                msg = zone_problem(text) or "not an IP address; write a router's address like \"198.19.0.254\""
+            if msg:
+                self.error(field, text, msg)
                 continue
             if addresses is not BAD:
                 if any(gw == a.ip for a in addresses):
                     self.error(field, text, "is this side's own address; give the next router's address")
                     continue
-                if not any(gw in a.network for a in addresses if a.version == gw.version):
+                nets = [a.network for a in addresses if a.version == gw.version and gw in a.network]
+                if not nets:
                     self.error(field, text, "not inside any subnet of this side's addresses; a gateway must "
                                "be directly reachable: fix it or add an address in its subnet")
+                    continue
+                net = nets[0]
+                if net.num_addresses > 2 and gw == net.network_address:
+                    self.error(field, text, f"is the network address of {net}; give the next router's address")
+                    continue
+                if net.num_addresses > 2 and gw.version == 4 and gw == net.broadcast_address:
+                    self.error(field, text, f"is the broadcast address of {net}; give the next router's address")
                     continue
             if gw.version in seen:
                 self.error(field, text, f"second IPv{gw.version} gateway (first is {seen[gw.version]}); "
@@ -604,12 +880,18 @@ class _Reader:
                 continue
             out = []
             for field, text in items:
-                try:
-                    out.append(ipaddress.ip_network(text, strict=True))
-                except ValueError as e:
-                    hint = "host bits set: write the network, e.g. \"198.18.0.0/24\"" if "host bits" in str(e) \
-                        else "not a network; write it like \"198.18.0.0/24\" or \"2001:2:0:1::/64\""
-                    self.error(field, text, hint)
+                msg = zone_problem(text)
+                if not msg:
+                    try:
+                        net = ipaddress.ip_network(text, strict=True)
+                        msg = kind_problem(net, key[:-1])
+                    except ValueError as e:
+                        msg = "host bits set: write the network, e.g. \"198.18.0.0/24\"" if "host bits" in str(e) \
+                            else "not a network; write it like \"198.18.0.0/24\" or \"2001:2:0:1::/64\""
+                if msg:
+                    self.error(field, text, msg)
+                else:
+                    out.append(net)
             nets[key] = tuple(out) if len(out) == len(items) else BAD
         ports: Any = ()
         praw = self.get(raw, path, "ports", _LIST, [])
@@ -718,6 +1000,8 @@ def _side_nets(sraw: Any, path: str) -> list[tuple[Net, str, str]]:
     for key in ("prefixes", "addresses"):
         items = sraw.get(key)
         for i, text in enumerate(items if isinstance(items, list) else []):
+            if not isinstance(text, str):   # ip_network(1) is 0.0.0.1/32: its own check reported it
+                continue
             try:
                 net = ipaddress.ip_network(text, strict=key == "prefixes")
             except (ValueError, TypeError):
@@ -728,7 +1012,7 @@ def _side_nets(sraw: Any, path: str) -> list[tuple[Net, str, str]]:
 
 
 def _join(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
+    return f"{where}.{_key_text(key)}" if where else _key_text(key)
 
 
 def _header(path: str) -> str:
@@ -737,7 +1021,9 @@ def _header(path: str) -> str:
 
 
 def _valid_ifname(name: str) -> bool:
-    return 0 < len(name.encode()) < 16 and name not in (".", "..") and not re.search(r"[\s/:]", name)
+    """As the kernel's dev_valid_name, and printable ASCII (no control characters)."""
+    return 0 < len(name) < 16 and name not in (".", "..") and re.fullmatch(r"[!-~]+", name) is not None \
+        and not re.search(r"[/:]", name)
 
 
 def _count(ranges) -> int:
@@ -745,13 +1031,20 @@ def _count(ranges) -> int:
 
 
 def _port_range(item: Any) -> tuple[int, int] | str:
-    """80, "80" or "8000-8080" -> (lo, hi); otherwise the message saying what is wrong."""
+    """80, "80" or "8000-8080" -> (lo, hi); otherwise the message saying what is wrong. ASCII digits
+    only: int() would read a full-width "80" (U+FF18 U+FF10) as 80."""
     usage = 'use a port 1-65535 or a range like "8000-8080"'
+    if _is(item, _STR) and ascii_problem(item):
+        return ascii_problem(item)
+    m = re.fullmatch(r"[ \t]*([0-9]+)[ \t]*(?:-[ \t]*([0-9]+)[ \t]*)?", item) if _is(item, _STR) else None
     if _is(item, _INT):
         lo = hi = item
-    elif _is(item, _STR) and re.fullmatch(r"\s*\d+\s*(-\s*\d+\s*)?", item):
-        lo_s, _, hi_s = item.partition("-")
-        lo, hi = int(lo_s), int(hi_s or lo_s)
+    elif m:
+        # int() of thousands of digits raises (sys.get_int_max_str_digits): no port has more than 5.
+        lo_s, hi_s = m.group(1).lstrip("0") or "0", (m.group(2) or m.group(1)).lstrip("0") or "0"
+        if len(lo_s) > 5 or len(hi_s) > 5:
+            return f"out of range; {usage}"
+        lo, hi = int(lo_s), int(hi_s)
     else:
         return f"not a port; {usage}"
     if not (1 <= lo <= 65535 and 1 <= hi <= 65535):
@@ -763,13 +1056,20 @@ def _port_range(item: Any) -> tuple[int, int] | str:
 
 def _address_problem(text: str) -> str | None:
     """What is wrong with an interface address like "198.18.0.1/24", or None."""
+    if zone_problem(text):
+        return zone_problem(text)
     if "/" not in text:
         return "needs its prefix length, e.g. \"198.18.0.1/24\" or \"2001:2:0:1::1/64\""
     try:
         iface = ipaddress.ip_interface(text)
     except ValueError:
         return "not an address with prefix length; write it like \"198.18.0.1/24\" or \"2001:2:0:1::1/64\""
+    if kind_problem(iface, "address"):
+        return kind_problem(iface, "address")
     net = iface.network
+    if net.prefixlen == 0:
+        return ("has prefix length 0, which makes every address of its family this side's subnet; give "
+                "the length of the subnet it is in, e.g. \"198.18.0.1/24\"")
     # /31, /32, /127 and /128 have no network or broadcast address to avoid.
     if net.num_addresses > 2:
         if iface.ip == net.network_address:
@@ -783,6 +1083,8 @@ def _address_problem(text: str) -> str | None:
 
 def parse(text: str, path: str, *, available_cc: set[str] | None = None) -> Config:
     """Check a config's text; path is only used in messages and Config.path."""
+    if text.startswith("\ufeff"):   # a byte-order mark, as some Windows editors write: not TOML, harmless
+        text = text[1:]
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -792,6 +1094,15 @@ def parse(text: str, path: str, *, available_cc: set[str] | None = None) -> Conf
         if m:
             msg = f"{msg[: m.start()]} (column {m.group(2)})"
         err = FieldError(path, "", None, f"TOML syntax error: {msg}; fix the syntax", line)
+        raise ConfigError([err]) from None
+    except ValueError:
+        # tomllib's int() of an integer of more than 4,300 digits (sys.get_int_max_str_digits).
+        m = re.search(r"[0-9_]{4300}", text)
+        line = text.count("\n", 0, m.start()) + 1 if m else None
+        err = FieldError(path, "", None, "an integer of thousands of digits; no key takes one: fix the value", line)
+        raise ConfigError([err]) from None
+    except RecursionError:
+        err = FieldError(path, "", None, "arrays or tables nested hundreds deep; no key takes that: fix the value")
         raise ConfigError([err]) from None
     r = _Reader(path, text, available_cc)
     r.unknown_keys(doc, "", TOP_KEYS)
@@ -808,12 +1119,16 @@ def load(path: str, *, available_cc: set[str] | None = None) -> Config:
     """Read and check a config file. A missing file raises FileNotFoundError (the CLI says so)."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = f.read(CONFIG_MAX_BYTES + 1)   # -c /dev/zero must not read forever
     except FileNotFoundError:
         raise
     except OSError as e:
         raise ConfigError([FieldError(path, "", None, f"cannot read: {e.strerror}; check the path and "
                                       "its permissions")]) from None
+    if len(data) > CONFIG_MAX_BYTES:
+        raise ConfigError([FieldError(path, "", None, f"more than {CONFIG_MAX_BYTES >> 20} MiB: not a pepctl config "
+                                      "(2,047 graphs, the most there can be, take well under 1 MiB); give the "
+                                      "config with -c FILE")])
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
