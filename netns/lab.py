@@ -182,6 +182,8 @@ class Lab:
         steps = [Step("cable trunk switch <-> proxyhost nic0", ["ip", "-n", sw, "link", "add", "trunk", "type", "veth",
                                                                  "peer", "name", "nic0", "netns", ph])]
         steps += quiet_port_steps(((sw, "trunk"), (ph, "nic0")))
+        # A host has its loopback up: HAProxy's exporter listens there (127.0.0.1:9101).
+        steps.append(Step(f"bring up {ph}/lo", ["ip", "-n", ph, "link", "set", "lo", "up"]))
         # The switch: the project's own steering programs, tagging its access ports.
         steps += steering_load_steps(self.switch_pins, "trunk", sw)
         access_ports = [(ACCESS_VLAN, "p-client"), (ORIGIN_VLAN, "p-origin")]

@@ -91,8 +91,12 @@ def cmd_up(args, out) -> int:
                 print("pepctl up: could not undo the previous attempt:\n  " + "\n  ".join(errors), file=sys.stderr)
                 return 1
             journal.remove()
-        checks.check(cfg, info)
-        steps = plan.build(cfg, info)
+        try:
+            checks.check(cfg, info)
+            steps = plan.build(cfg, info)
+        except configmod.ConfigError:
+            _forget(cfg, journal, lock)   # refused before anything was made: not even the lock stays
+            raise
         journal.start({"config": os.path.abspath(args.config), "config_sha256": digest, "config_text": text,
                        "started": time.time(), "pid": os.getpid()})
         print(f"bringing up instance {cfg.host.instance} on {cfg.host.nic} ({info.cpus_note})", file=out)
@@ -330,6 +334,10 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
     except KeyboardInterrupt:
         print(f"pepctl {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`pepctl bypass list | head`): not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except configmod.ConfigError as e:
         print(f"pepctl {args.command}: invalid config:\n{e}", file=sys.stderr)
         return 2

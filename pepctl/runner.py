@@ -349,7 +349,7 @@ class Journal:
 # Errors that mean "already gone": an undo that finds nothing to undo succeeded.
 GONE = ("No such file", "Cannot find device", "does not exist", "No such process", "not found",
         "Invalid handle", "No such device", "Cannot find specified qdisc", "Command failed",
-        "Cannot open network namespace")
+        "Cannot open network namespace", "Parent Qdisc doesn't exist", "We have an error talking to the kernel")
 
 
 def _gone_only(err: str) -> bool:
