@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_THREADS = 64           # HAProxy 2.6 on Debian: MAX_THREADS=64 (`haproxy -vv`)
-UNIX_PATH_MAX = 107        # sun_path is 108 bytes with its NUL
+STATS_ENV = "PEP_STATS_SOCK"   # the stats socket's path, set by the supervisor for each process
 
 # A transparent proxy should not be less patient than the path it replaces:
 # idle subscriber connections (push channels, SSH) live for long.
@@ -61,7 +61,6 @@ class Process:
     title: str               # who wrote it, in the first comment line
     cpus: tuple[int, ...]    # thread i is pinned to cpus[i]
     maxconn: int
-    stats_socket: str
     metrics: str | None      # "ADDRESS:PORT" of the Prometheus exporter, None for none
 
 
@@ -70,9 +69,6 @@ def render(proc: Process, graphs: list[GraphProxy]) -> str:
         raise ValueError(f"haproxy render: need 1-{MAX_THREADS} CPUs for as many threads, got {len(proc.cpus)}")
     if proc.maxconn < 1:
         raise ValueError(f"haproxy render: maxconn must be positive, got {proc.maxconn}")
-    if len(proc.stats_socket.encode()) > UNIX_PATH_MAX:
-        raise ValueError(f"haproxy render: stats socket path {proc.stats_socket} is longer than "
-                         f"{UNIX_PATH_MAX} bytes; use a shorter run_dir")
     logs = any(g.log_connections for g in graphs)
     out = [
         f"# HAProxy config of {proc.title}, written by pepctl: do not edit,",
@@ -83,8 +79,10 @@ def render(proc: Process, graphs: list[GraphProxy]) -> str:
         # One line per thread: "cpu-map auto:" would sort the CPUs, and the order is the caller's.
         *(f"    cpu-map 1/{i} {cpu}" for i, cpu in enumerate(proc.cpus, 1)),
         f"    maxconn {proc.maxconn}",
-        # expose-fd listeners: a reloaded HAProxy (-x) takes the listening sockets over this socket.
-        f"    stats socket {proc.stats_socket} mode 660 level admin expose-fd listeners",
+        # Each process binds a stats socket of its own, named by its supervisor in the environment
+        # (haproxy/supervise.py): a reloaded HAProxy (-x) takes the listening sockets over the old
+        # one's (expose-fd listeners), and the supervisor still reaches the old one to drain it.
+        f'    stats socket "${{{STATS_ENV}}}" mode 660 level admin expose-fd listeners',
         f"    log stdout format raw local0 {'info' if logs else 'notice'}",
         "",
         "defaults",

@@ -51,6 +51,12 @@ def problems(cfg: Config, info: HostInfo) -> list[FieldError]:
             bad("host.maxconn", cfg.host.maxconn, f"HAProxy would need more descriptors than this host's open-file "
                 f"limit ({info.nofile}) gives: at most {most} here; raise the limit (LimitNOFILE= in "
                 "pep.service) or lower maxconn, or 0 to size it from the limit")
+        total = cfg.host.maxconn or most
+        for g in cfg.graphs:
+            if g.proxy.enabled and g.proxy.maxconn > total:
+                bad(f"graph[{g.index}].proxy.maxconn", g.proxy.maxconn, f"more than HAProxy's own maxconn, {total} "
+                    "(host.maxconn, or what the open-file limit allows): a graph cannot hold more than the process; "
+                    "lower it, or 0 for the host's")
     if not out:
         out += names_taken(cfg)
         out += conflicts(cfg)

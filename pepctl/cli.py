@@ -192,12 +192,11 @@ def cmd_bypass(args, out) -> int:
     with locked(cfg, f"bypass {args.action}", args):
         journal = Journal(n.journal)
         if args.action == "sync":
-            old = bypass.config_rules(_old_config(journal, g).bypass) if journal.complete else set()
+            old = bypass.config_rules(_old_config(journal, cfg, g).bypass) if journal.complete else set()
             added, removed = bypass.sync(cfg, g, old)
             print(f"graph {g.name}: {added} bypass rule(s) installed, {removed} removed", file=out)
             return 0
-        installed = configmod.parse(journal.meta["config_text"], journal.meta["config"]) if journal.complete else cfg
-        return _bypass_change(cfg, installed, g, args, rules, out)
+        return _bypass_change(cfg, installed_config(journal, cfg), g, args, rules, out)
 
 
 def _bypass_list(cfg, g, args, out) -> int:
@@ -269,10 +268,20 @@ def _rules_of(args) -> list:
     return [bypass.parse_rule(args.kind, args.value)]
 
 
-def _old_config(journal: Journal, g):
+def installed_config(journal: Journal, cfg):
+    """The config the last up/reload installed (its rules are in the maps). One that this pepctl no
+    longer accepts (its checks grew stricter) counts as the current one."""
+    if not journal.complete:
+        return cfg
+    try:
+        return configmod.parse(journal.meta["config_text"], journal.meta["config"])
+    except configmod.ConfigError:
+        return cfg
+
+
+def _old_config(journal: Journal, cfg, g):
     """The graph as the last up/reload installed it (its config rules are in the maps)."""
-    old = configmod.parse(journal.meta["config_text"], journal.meta["config"])
-    return next((o for o in old.graphs if o.name == g.name), g)
+    return next((o for o in installed_config(journal, cfg).graphs if o.name == g.name), g)
 
 
 def cmd_supervise(args, out) -> int:

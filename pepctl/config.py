@@ -89,7 +89,6 @@ class Host:
     run_dir: str
     bpf_dir: str
     tuning: Tuning
-    user: str              # the proxy's own user (HAProxy and its supervisor)
     supervisor: str        # "auto" | "systemd" | "pepctl": what restarts the supervisor
     threads: int           # HAProxy threads; 0 = one per CPU of the NIC's NUMA node
     maxconn: int           # HAProxy's connections, all graphs; 0 = sized from the open-file limit
@@ -150,10 +149,9 @@ def _key_text(key: str) -> str:
 # --- the schema -------------------------------------------------------------------------------
 
 TOP_KEYS = ("host", "defaults", "graph")
-HOST_KEYS = ("instance", "nic", "run_dir", "bpf_dir", "tuning", "user", "supervisor", "threads", "maxconn",
+HOST_KEYS = ("instance", "nic", "run_dir", "bpf_dir", "tuning", "supervisor", "threads", "maxconn",
              "metrics_address", "metrics_port")
 HOST_DEFAULTS: dict[str, Any] = {
-    "user": "pep",
     "supervisor": "auto",
     "threads": 0,
     "maxconn": 0,
@@ -186,7 +184,6 @@ DEFAULT_CONGCTL = {"access": "bbr", "origin": "cubic"}
 DEFAULT_INITCWND = {"access": 32, "origin": 0}
 MAX_INITCWND = 256
 
-USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 INSTANCE_RE = re.compile(r"[a-z][a-z0-9]{0,8}")      # prefixes link names: IFNAMSIZ is 16
 GRAPH_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,11}")
 CONGCTL_RE = re.compile(r"[a-z0-9_]{1,15}")
@@ -204,7 +201,9 @@ MAXCONN_MAX = 800_000_000
 # 107 - len(".4194304.tmp") = 95 bytes. run_dir_max() is what that leaves run_dir.
 UNIX_PATH_MAX = 107
 STATS_SOCKET_MAX = UNIX_PATH_MAX - len(".4194304.tmp")
-STATS_SOCKET_TAIL = ("proxy", "haproxy.sock")     # under run_dir/INSTANCE, as names.instance_names
+# Under run_dir/INSTANCE: the longest stats socket a HAProxy process binds (haproxy/supervise.py
+# socket_name; names.instance_names(...).haproxy_sock_longest).
+STATS_SOCKET_TAIL = ("proxy", "haproxy.s999999.sock")
 SUPERVISOR_UNIT = "pep-supervisor@.service"     # as pepctl/names.py SUPERVISOR_UNIT (names imports this module)
 UNIT_NAME_MAX = 255       # systemd: pep-supervisor@<run_dir/INSTANCE, escaped>.service
 PATH_LEN_MAX = 255        # run_dir, bpf_dir: NAME_MAX, so no pin path (bpf_dir/INSTANCE/flow/maps/NAME) nears PATH_MAX
@@ -364,12 +363,12 @@ def zone_problem(text: str) -> str | None:
 
 
 def run_dir_max(instance: str) -> int:
-    """The longest run_dir whose stats socket (run_dir/INSTANCE/proxy/haproxy.sock) HAProxy can bind."""
+    """The longest run_dir whose stats sockets (run_dir/INSTANCE/proxy/haproxy.sNNNNNN.sock) HAProxy can bind."""
     return STATS_SOCKET_MAX - len(stats_socket("", instance))
 
 
 def stats_socket(run_dir: str, instance: str) -> str:
-    """HAProxy's stats socket, as pepctl/names.py instance_names(...).haproxy_sock makes it."""
+    """HAProxy's longest stats socket, as pepctl/names.py instance_names(...).haproxy_sock_longest."""
     return "/".join((run_dir, instance, *STATS_SOCKET_TAIL))
 
 
@@ -607,9 +606,6 @@ class _Reader:
         value = self.get(raw, "host", key, _STR if isinstance(default, str) else _INT, default)
         if value is BAD:
             return BAD
-        if key == "user" and not USER_RE.fullmatch(value):
-            return self.error(path, value, 'not a user name (a-z, 0-9, "_", "-", starting with a letter); '
-                              'the proxy runs as this user, e.g. "pep"')
         if key in ENUMS and value not in ENUMS[key]:
             return self.error(path, value, f"must be one of {', '.join(map(json.dumps, ENUMS[key]))}")
         if key == "threads" and not 0 <= value <= MAX_THREADS:

@@ -29,6 +29,8 @@ import hashlib
 import os
 from dataclasses import dataclass
 
+from haproxy.supervise import SERIALS, socket_name
+
 from .config import Config, Graph
 from .flow_maps import ifindexes
 
@@ -54,7 +56,8 @@ class InstanceNames:
     steer_pins: str
     flow_pins: str
     haproxy_cfg: str
-    haproxy_sock: str
+    haproxy_sock: str     # a link to the current HAProxy's own socket (haproxy/supervise.py)
+    haproxy_sock_longest: str   # the longest name a HAProxy process's socket takes: it must fit sun_path
     haproxy_log: str
     keeper_pid: str
     keeper_log: str
@@ -92,6 +95,7 @@ def instance_names(cfg: Config) -> InstanceNames:
         pins=pins, steer_pins=os.path.join(pins, "steer"), flow_pins=os.path.join(pins, "flow"),
         haproxy_cfg=os.path.join(d, "haproxy.cfg"),
         haproxy_sock=os.path.join(proxy, "haproxy.sock"),
+        haproxy_sock_longest=os.path.join(proxy, socket_name(SERIALS - 1)),
         haproxy_log=os.path.join(proxy, "haproxy.log"),
         keeper_pid=os.path.join(d, "keeper.pid"),
         keeper_log=os.path.join(d, "keeper.log"),

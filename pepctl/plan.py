@@ -22,7 +22,7 @@ import json
 import os
 import socket
 
-from haproxy.render import GraphProxy, Process, render
+from haproxy.render import STATS_ENV, GraphProxy, Process, render
 
 from . import bypass, checks, flow_maps, nsutil, service, steering
 from .config import Config, ConfigError, FieldError, Graph, Side
@@ -372,14 +372,19 @@ def haproxy_steps(cfg: Config, info: HostInfo) -> list[Step]:
     return [
         Step(f"write {n.haproxy_cfg}", Call("write", (n.haproxy_cfg, text, 0o640, info.proxy_gid),
                                             f"cat > {n.haproxy_cfg} <<'EOF'\n{text.rstrip()}\nEOF")),
-        Step(f"check {n.haproxy_cfg}", ["haproxy", "-c", "-q", "-f", n.haproxy_cfg]),
+        Step(f"check {n.haproxy_cfg}", haproxy_check_argv(n, n.haproxy_cfg)),
         Step(f"start the proxy supervisor ({'systemd' if how == 'systemd' else 'pepctl keeper'}), "
              "which starts HAProxy", start, undo=stop),
     ]
 
 
+def haproxy_check_argv(n, path: str) -> list[str]:
+    """`haproxy -c` of a config: it names its stats socket through the environment (the supervisor
+    gives each process one of its own), so the check gets the longest such name."""
+    return ["env", f"{STATS_ENV}={n.haproxy_sock_longest}", "haproxy", "-c", "-q", "-f", path]
+
+
 def haproxy_config(cfg: Config, info: HostInfo) -> str:
-    n = instance_names(cfg)
     graphs = proxied(cfg)
     cpus = list(info.cpus)
     if cfg.host.threads:
@@ -398,7 +403,7 @@ def haproxy_config(cfg: Config, info: HostInfo) -> str:
                                   mode=p.mode, splice=p.splice, maxconn=min(p.maxconn or total, total),
                                   log_connections=p.log_connections))
     return render(Process(title=f"instance {cfg.host.instance}", cpus=tuple(cpus), maxconn=total,
-                          stats_socket=n.haproxy_sock, metrics=metrics), proxies)
+                          metrics=metrics), proxies)
 
 
 def register_steps(cfg: Config) -> list[Step]:

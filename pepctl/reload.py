@@ -21,7 +21,7 @@ from . import config as configmod
 from .config import Config, ConfigError, FieldError
 from .hostinfo import HostInfo
 from .names import graph_names, in_netns, instance_names
-from .plan import flow_flags, haproxy_config
+from .plan import flow_flags, haproxy_check_argv, haproxy_config
 from .render_nft import render_nft
 from .runner import Journal, StepError, read_pid, run, wait_for, write_file
 
@@ -58,7 +58,13 @@ def reload(cfg: Config, info: HostInfo, journal: Journal, config_text: str, dige
     if not (journal.exists and journal.complete):
         print(f"pepctl reload: instance {cfg.host.instance} is not up; run `pepctl up`", file=sys.stderr)
         return 1
-    old = configmod.parse(journal.meta["config_text"], journal.meta["config"])
+    try:
+        old = configmod.parse(journal.meta["config_text"], journal.meta["config"])
+    except ConfigError as e:
+        raise ConfigError([FieldError(cfg.path, "(reload)", "", f"the running instance's config, "
+                                      f"{journal.meta['config']}, no longer passes this pepctl's checks "
+                                      f"({e.errors[0]}); reload cannot compare with it: take the instance down "
+                                      "and up with the new config")]) from None
     problems = structural_changes(old, cfg)
     if problems:
         raise ConfigError(problems + [FieldError(cfg.path, "(reload)", "",
@@ -67,7 +73,7 @@ def reload(cfg: Config, info: HostInfo, journal: Journal, config_text: str, dige
     if proxied:
         text = haproxy_config(cfg, info)
         write_file(n.haproxy_cfg + ".new", text, 0o640, info.proxy_gid)
-        check = run(["haproxy", "-c", "-q", "-f", n.haproxy_cfg + ".new"], check=False)
+        check = run(haproxy_check_argv(n, n.haproxy_cfg + ".new"), check=False)
         if check.returncode != 0:
             os.unlink(n.haproxy_cfg + ".new")
             print(f"pepctl reload: the new HAProxy config is invalid: {check.stderr.strip()}; nothing was changed",

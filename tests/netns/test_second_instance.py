@@ -16,14 +16,25 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pathlib
 import secrets
+import shutil
 import subprocess
+import tempfile
 
 import pytest
 
 from netns.handle import PEPCTL, wait_until
 
 LAB_OPTIONS: list[str] = []
+
+
+@pytest.fixture
+def short_tmp():
+    """A folder with a short path: run folders made under it must leave room for HAProxy's sockets."""
+    path = tempfile.mkdtemp(dir="/tmp", prefix="p")
+    yield pathlib.Path(path)
+    shutil.rmtree(path)
 
 
 def lab_config(lab) -> str:
@@ -81,9 +92,9 @@ CONFLICTS = [
 
 
 @pytest.mark.parametrize("case,change,field,words", CONFLICTS, ids=[c[0] for c in CONFLICTS])
-def test_second_instance_is_refused_and_the_running_one_is_untouched(lab, tmp_path, case, change, field, words):
+def test_second_instance_is_refused_and_the_running_one_is_untouched(lab, short_tmp, case, change, field, words):
     before = fingerprint(lab)
-    proc = second(lab, tmp_path, change(lab_config(lab), tmp_path))
+    proc = second(lab, short_tmp, change(lab_config(lab), short_tmp))
     assert proc.returncode != 0, f"{case}: the second instance came up: {proc.stdout[-1000:]}"
     assert field in proc.stderr and words in proc.stderr, f"{case}: expected {field!r} and {words!r} in: {proc.stderr}"
     assert f"pl{lab.rid}" in proc.stderr, f"{case}: the message does not name the running instance: {proc.stderr}"
@@ -91,20 +102,20 @@ def test_second_instance_is_refused_and_the_running_one_is_untouched(lab, tmp_pa
     still_serving(lab)
 
 
-def test_operators_file_in_the_run_folder_is_never_removed(lab, tmp_path):
+def test_operators_file_in_the_run_folder_is_never_removed(lab, short_tmp):
     """A run folder that holds a file of the operator's: refused before anything is made."""
     text = lab_config(lab).replace('instance = "pl', 'instance = "pw', 1).replace('nic = "nic0"', 'nic = "nic9"')
-    text = text.replace('run_dir = "', f'run_dir = "{tmp_path}/r', 1).replace('bpf_dir = "/sys/fs/bpf/pl',
-                                                                            'bpf_dir = "/sys/fs/bpf/pw')
+    text = text.replace('run_dir = "', f'run_dir = "{short_tmp}/r', 1).replace('bpf_dir = "/sys/fs/bpf/pl',
+                                                                             'bpf_dir = "/sys/fs/bpf/pw')
     inst = "pw" + lab.rid
-    folder = tmp_path / f"r{lab.run_dir}" / "pep" / inst
+    folder = short_tmp / f"r{lab.run_dir}" / "pep" / inst
     folder.mkdir(parents=True)
     mine = folder / "notes.txt"
     mine.write_text("the operator's own notes\n")
     spare = lab.run("proxyhost", "ip", "link", "add", "nic9", "type", "veth", "peer", "name", "nic9p")
     assert spare.returncode == 0
     try:
-        proc = second(lab, tmp_path, text)
+        proc = second(lab, short_tmp, text)
     finally:
         lab.run("proxyhost", "ip", "link", "del", "nic9")
     assert proc.returncode != 0, proc.stdout
@@ -123,10 +134,10 @@ def test_operators_file_in_the_run_folder_is_never_removed(lab, tmp_path):
     ("maxconn over the open-file limit", lambda t, tmp: t.replace("[host.tuning]", "maxconn = 900000\n[host.tuning]"),
      "host.maxconn", "open-file limit"),
 ])
-def test_host_side_problems_are_refused_by_plan_naming_the_field(lab, tmp_path, what, edit, field, words):
-    (tmp_path / "afile").write_text("x")
-    text = edit(lab_config(lab).replace('instance = "pl', 'instance = "pq', 1), str(tmp_path))
-    path = tmp_path / "p.toml"
+def test_host_side_problems_are_refused_by_plan_naming_the_field(lab, short_tmp, what, edit, field, words):
+    (short_tmp / "afile").write_text("x")
+    text = edit(lab_config(lab).replace('instance = "pl', 'instance = "pq', 1), str(short_tmp))
+    path = short_tmp / "p.toml"
     path.write_text(text)
     plan = subprocess.run(["nsenter", f"--net=/run/netns/{lab.netns('proxyhost')}", PEPCTL, "-c", str(path), "plan"],
                           capture_output=True, text=True, timeout=60)

@@ -107,7 +107,7 @@ def errors_of(text: str, available_cc=CC) -> list[FieldError]:
     return exc.value.errors
 
 
-LONG_RUN = "/run/" + "a" * 67   # 72 bytes: + "/pep1/proxy/haproxy.sock" makes 96, one more than 95
+LONG_RUN = "/run/" + "a" * 59   # 64 bytes: + "/pep1/proxy/haproxy.s999999.sock" makes 96, one more than 95
 
 # (case id, config text, field, value as shown (None: no value), line (None: it cannot be known),
 #  words the message must contain)
@@ -375,8 +375,8 @@ MALFORMED = [
     ("run_dir is /", in_host('run_dir = "/"'), "host.run_dir", '"/"', 4, "is the root folder"),
     ("run_dir too long for the stats socket", in_host(f'run_dir = "{LONG_RUN}"'), "host.run_dir",
      f'"{LONG_RUN}"', 4, "would be 96 bytes, and a socket path can have at most 95"),
-    ("run_dir too long for systemd", in_host('run_dir = "/r' + "-" * 69 + '"'), "host.run_dir",
-     '"/r' + "-" * 69 + '"', 4, "too long for systemd"),
+    ("run_dir too long for systemd", in_host('run_dir = "/r' + "-" * 60 + '"'), "host.run_dir",
+     '"/r' + "-" * 60 + '"', 4, "too long for systemd"),
     ("bpf_dir too long", in_host('bpf_dir = "/sys/fs/bpf/' + "b" * 250 + '"'), "host.bpf_dir",
      '"/sys/fs/bpf/' + "b" * 250 + '"', 4, "use at most 255"),
     ("bpf_dir relative", in_host('bpf_dir = "sys/fs/bpf/pep"'), "host.bpf_dir", '"sys/fs/bpf/pep"', 4,
@@ -538,8 +538,8 @@ def test_run_dir_at_its_longest_is_taken_and_the_names_fit():
     longest += "y" * (run_dir_max("pep1") - len(longest))
     cfg = parse(edit(('nic = "eth1"', f'nic = "eth1"\nrun_dir = "{longest}"')), PATH)
     n = names.instance_names(cfg)
-    assert n.haproxy_sock == stats_socket(cfg.host.run_dir, "pep1")
-    assert len(n.haproxy_sock) == STATS_SOCKET_MAX, n.haproxy_sock
+    assert n.haproxy_sock_longest == stats_socket(cfg.host.run_dir, "pep1")
+    assert len(n.haproxy_sock_longest) == STATS_SOCKET_MAX, n.haproxy_sock_longest
     assert len(names.supervisor_unit(n)) == supervisor_unit_len(cfg.host.run_dir, "pep1"), names.supervisor_unit(n)
     (e,) = errors_of(edit(('nic = "eth1"', f'nic = "eth1"\nrun_dir = "{longest}z"')))
     assert (e.field, e.line) == ("host.run_dir", 4) and "stats socket" in e.message, str(e)
