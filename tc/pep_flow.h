@@ -39,11 +39,13 @@
  * Bypassed flows (verdicts 2 and 3) are remembered and forwarded at L3 by
  * this program for their whole life, whatever the rules or the proxy do
  * later. Proxied flows are not remembered: they are known by their sockets.
- * With GRAPH_F_ASSIGN every later packet of a flow with no entry is handed
- * to its own socket (bpf_skc_lookup_tcp + bpf_sk_assign, marked); an ACK
- * that finds no socket but carries a valid SYN cookie of the listener goes
- * to the listener (the handshake of a flow answered by a cookie under a SYN
- * flood). Everything else goes to the stack untouched.
+ * With GRAPH_F_ASSIGN every later packet is first handed to its own socket if
+ * it has one (bpf_skc_lookup_tcp + bpf_sk_assign, marked): nearly all of them
+ * are a proxied flow's, which then skip the flow tables. Then the flow
+ * tables (a bypassed flow's packets); then an ACK that carries a valid SYN
+ * cookie of the listener goes to the listener (the handshake of a flow
+ * answered by a cookie under a SYN flood). Everything else goes to the
+ * stack untouched.
  *
  * The flow tables, so that no flood of new flows evicts a live bypassed one:
  *   flows_new  LRU: bypassed flows whose handshake is not complete. A SYN

@@ -494,12 +494,13 @@ CASES = [
         listener(LPORT1, False),
         Send("access1", syn1(40121), TC_ACT_REDIRECT, fwd(syn1(40121)), FAILOPEN)],
         flows=[Flow(CLIENT1, 40121, SERVER1, 80, "flows_new", "bypass_failopen", graph=1)]),
-    Case("assign-own-socket", "ASSIGN (slot 1): segments of a tuple whose socket exists are handed to it, both "
-         "ways (refused in a test run: assign_failed); a tuple with no socket is no_flow", [
+    Case("assign-own-socket", "ASSIGN (slot 1): segments of a tuple whose socket exists are handed to it first, "
+         "both ways (refused in a test run: assign_failed, then the flow tables: no_flow); a tuple with no socket "
+         "is no_flow", [
         Send("access1", on_access(tcp(*EST_CLIENT, *EST_SERVER, "A", 1, 1), 1), TC_ACT_OK,
-             counters=cnt(assign_failed=1)),
+             counters=cnt(assign_failed=1, pkts_no_flow=1)),
         Send("origin1", on_origin(tcp(*EST_SERVER, *EST_CLIENT, "PA", 1, 1) / b"x", 1), TC_ACT_OK,
-             counters=cnt(assign_failed=1)),
+             counters=cnt(assign_failed=1, pkts_no_flow=1)),
         Send("access1", on_access(tcp(EST_CLIENT[0], EST_CLIENT[1] + 1, *EST_SERVER, "A", 1, 1), 1), TC_ACT_OK,
              counters=NO_FLOW),
         Send("access1", on_access(tcp(EST_CLIENT[0], EST_CLIENT[1] + 1, *EST_SERVER, "R", 1, 0), 1), TC_ACT_OK,
