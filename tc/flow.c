@@ -195,22 +195,24 @@ static __always_inline int first_syn(struct __sk_buff *skb, const struct tcp_pkt
 	return decide_syn(skb, p, w, k);
 }
 
-/* Mode bpf: the segment to its own socket, if it has one. Zero: handed over
- * (counted pkts_assigned); else not (no socket, or one that refused it:
- * assign_failed). Tried before the flow tables: almost every segment in
- * this mode is a proxied flow's, and its socket is what the kernel's own
- * lookup would find; a bypassed flow pays one lookup that finds nothing. */
+/* Mode bpf: a segment of a flow the proxy holds a socket for. Zero: it has
+ * one, and the segment is marked for local delivery (counted pkts_assigned);
+ * the kernel's own early demultiplexing then finds that very socket and
+ * reuses the input route cached on it. Handing it over here (bpf_sk_assign)
+ * would skip that cache and cost a policy-routing lookup per packet (measured:
+ * 0.86 of routing's 10 MB rate against 0.95 without interception in tc).
+ * Tried before the flow tables: almost every segment in this mode is a
+ * proxied flow's; a bypassed flow pays one lookup that finds nothing. */
 static __always_inline int to_own_socket(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w)
 {
 	struct bpf_sock *sk = sock_for(skb, p, p->dport);
-	long err;
 
 	if (!sk)
 		return -1;
-	err = hand_to(skb, sk);
 	bpf_sk_release(sk);
-	count(w->slot, err ? CNT_ASSIGN_FAILED : CNT_PKTS_ASSIGNED);
-	return err ? -1 : 0;
+	skb->mark = PEP_LOCAL_MARK;
+	count(w->slot, CNT_PKTS_ASSIGNED);
+	return 0;
 }
 
 /* A segment of no remembered flow, and (mode bpf) no socket: an ACK with a

@@ -39,9 +39,10 @@
  * Bypassed flows (verdicts 2 and 3) are remembered and forwarded at L3 by
  * this program for their whole life, whatever the rules or the proxy do
  * later. Proxied flows are not remembered: they are known by their sockets.
- * With GRAPH_F_ASSIGN every later packet is first handed to its own socket if
- * it has one (bpf_skc_lookup_tcp + bpf_sk_assign, marked): nearly all of them
- * are a proxied flow's, which then skip the flow tables. Then the flow
+ * With GRAPH_F_ASSIGN every later packet whose socket exists (bpf_skc_lookup_tcp)
+ * is marked for local delivery, where the kernel's early demultiplexing takes
+ * it to that socket with the input route cached on it: nearly all of them are
+ * a proxied flow's, which then skip the flow tables. Then the flow
  * tables (a bypassed flow's packets); then an ACK that carries a valid SYN
  * cookie of the listener goes to the listener (the handshake of a flow
  * answered by a cookie under a SYN flood). Everything else goes to the
@@ -186,7 +187,7 @@ enum flow_counter {
 	CNT_PKTS_FIB_MISS,          /* bypassed packets dropped: no route (blackhole, unreachable) */
 	CNT_PKTS_NOT_TCP,           /* passed: ICMP, UDP, fragments, ... (routed by the stack) */
 	CNT_PKTS_NO_FLOW,           /* passed: TCP of no remembered flow and (mode bpf) no socket */
-	CNT_PKTS_ASSIGNED,          /* mode bpf: later packets handed to their own socket */
+	CNT_PKTS_ASSIGNED,          /* mode bpf: later packets of a flow with a socket: marked for it */
 	CNT_PKTS_SYNCOOKIE,         /* mode bpf: ACKs with a valid SYN cookie handed to the listener */
 	CNT_FLOWS_STALE,            /* entries forgotten: a SYN-ACK answered another SYN on the 4-tuple
 				     * (e.g. HAProxy reusing a bypassed flow's port toward the origin) */
