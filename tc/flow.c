@@ -206,10 +206,17 @@ static __always_inline int first_syn(struct __sk_buff *skb, const struct tcp_pkt
 static __always_inline int to_own_socket(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w)
 {
 	struct bpf_sock *sk = sock_for(skb, p, p->dport);
+	__u32 state;
 
 	if (!sk)
 		return -1;
+	state = sk->state;
 	bpf_sk_release(sk);
+	/* The lookup falls back to a listener on the segment's port: a
+	 * bypassed flow to or from the listener's port (50080) is not the
+	 * listener's. Only a socket of this very 4-tuple is the flow's. */
+	if (state == BPF_TCP_LISTEN)
+		return -1;
 	skb->mark = PEP_LOCAL_MARK;
 	count(w->slot, CNT_PKTS_ASSIGNED);
 	return 0;

@@ -507,6 +507,12 @@ CASES = [
              counters=NO_FLOW),
         Send("access1", on_access(tcp(EST_CLIENT[0], EST_CLIENT[1] + 1, *EST_SERVER, "R", 1, 0), 1), TC_ACT_OK,
              counters=NO_FLOW)]),
+    Case("listener-port-not-a-flow", "ASSIGN (slot 1): segments to or from the listener's port (50081) of a "
+         "4-tuple with no socket of its own are not the listener's: no_flow, unmarked (a bypassed flow on that "
+         "port was handed to the listener and reset)", [
+        Send("access1", ack1(40123, dport=LPORT1, ack=777), TC_ACT_OK, counters=NO_FLOW),
+        Send("access1", ack1(LPORT1, dport=80, ack=777), TC_ACT_OK, counters=NO_FLOW),
+        Send("origin1", reply1(LPORT1, 40124, flags="A", ack=1001), TC_ACT_OK, counters=NO_FLOW)]),
     Case("syncookie-invalid", "ASSIGN (slot 1): an ACK of no socket with no valid SYN cookie is no_flow", [
         Send("access1", ack1(40122, ack=123457), TC_ACT_OK, counters=NO_FLOW),
         Send("origin1", reply1(80, 40122, flags="A", ack=1001), TC_ACT_OK, counters=NO_FLOW)]),
