@@ -73,23 +73,42 @@ def leaves_nothing_behind():
 
 
 # -- the lab ------------------------------------------------------------------
+# A module's lab: LAB_OPTIONS (pep-lab up options; default: the proxied lab), or LAB_MODES, a dict
+# of interception mode -> options, to run every test of the module on a lab of each mode in turn
+# (lab.interception says which). A module's lab_setup(handle), if it has one, runs once the lab is up.
 _broken_labs: dict[str, str] = {}
 
 
-def make_lab(request, options: list[str]):
+def pytest_generate_tests(metafunc):
+    modes = getattr(metafunc.module, "LAB_MODES", None)
+    if modes and "lab" in metafunc.fixturenames:
+        metafunc.parametrize("lab", list(modes), indirect=True, scope="module")
+
+
+def make_lab(request, options: list[str], mode: str | None = None):
     key = f"{request.module.__name__}:{options}"
     if key in _broken_labs:
-        pytest.skip(f"the lab of this module failed to build: {_broken_labs[key]}")
+        pytest.skip(f"the lab of this module{f' ({mode})' if mode else ''} failed to build: {_broken_labs[key]}")
     try:
         handle = LabHandle.up(f"t{secrets.token_hex(3)}", options)
     except RuntimeError as e:
         _broken_labs[key] = str(e)[-500:]
         pytest.fail(str(e))
-    yield handle
-    handle.down()
+    handle.interception = mode
+    try:
+        setup = getattr(request.module, "lab_setup", None)
+        if setup is not None:
+            setup(handle)
+        yield handle
+    finally:
+        handle.down()
 
 
 @pytest.fixture(scope="module")
 def lab(request):
-    """The lab with the options of the module's LAB_OPTIONS (default: the proxied lab)."""
-    yield from make_lab(request, list(getattr(request.module, "LAB_OPTIONS", [])))
+    """The module's lab (see above); one that fails to build makes the module's remaining tests skip."""
+    modes = getattr(request.module, "LAB_MODES", None)
+    if modes:
+        yield from make_lab(request, list(modes[request.param]), request.param)
+    else:
+        yield from make_lab(request, list(getattr(request.module, "LAB_OPTIONS", [])))

@@ -46,14 +46,13 @@ from pepctl import config as configmod
 from pepctl import flow_maps
 from pepctl.names import graph_names, instance_names
 
-LABS = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"]}
+LAB_MODES = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"]}
 ORIGIN4, ORIGIN6 = "198.19.0.10", "2001:2:0:2::10"
 PROXIED = {4: "198.18.0.10", 6: "2001:2:0:1::10"}       # the lab's client addresses
 BYPASSED = {4: "198.18.0.11", 6: "2001:2:0:1::11"}      # added by the `lab` fixture, as are:
 # one address per fail-open test (see test_stale_...): their bypassed flows stay remembered
 LOADERS = {"haproxy": "198.18.0.12", "supervisor then haproxy": "198.18.0.13", "supervisor stopped": "198.18.0.14"}
 URL = {4: f"http://{ORIGIN4}", 6: f"http://[{ORIGIN6}]"}
-_broken: dict[str, str] = {}
 
 # A download that lasts: reads at RATE bytes/s through a small receive buffer, so the sender cannot
 # run ahead (curl 7.88's --limit-rate lets bursts of megabytes through here). Prints its local port;
@@ -92,27 +91,11 @@ server 2001:2:0:2::10/128
 """
 
 
-@pytest.fixture(scope="module", params=list(LABS))
-def lab(request):
-    """The lab of one interception mode (lab.interception says which), under a name of this module's
-    own (hb...), with the extra client addresses. One that fails to build makes the remaining tests of
-    that mode skip."""
-    mode = request.param
-    if mode in _broken:
-        pytest.skip(f"the {mode} lab failed to build: {_broken[mode]}")
-    try:
-        handle = LabHandle.up(f"hb{secrets.token_hex(3)}", LABS[mode])
-    except RuntimeError as e:
-        _broken[mode] = str(e)[-500:]
-        pytest.fail(str(e))
-    handle.interception = mode
-    try:
-        for addr in (BYPASSED[4], *LOADERS.values()):
-            handle.run("client", "ip", "addr", "add", f"{addr}/24", "dev", "eth0")
-        handle.run("client", "ip", "-6", "addr", "add", f"{BYPASSED[6]}/64", "dev", "eth0", "nodad")
-        yield handle
-    finally:
-        handle.down()
+def lab_setup(handle) -> None:
+    """The extra client addresses of this module's tests."""
+    for addr in (BYPASSED[4], *LOADERS.values()):
+        handle.run("client", "ip", "addr", "add", f"{addr}/24", "dev", "eth0")
+    handle.run("client", "ip", "-6", "addr", "add", f"{BYPASSED[6]}/64", "dev", "eth0", "nodad")
 
 
 class Graph:

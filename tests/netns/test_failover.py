@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import threading
 import time
@@ -46,7 +45,7 @@ from pepctl.names import graph_names, instance_names
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOADGEN = os.path.join(HERE, "loadgen.py")
-LABS = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"]}
+LAB_MODES = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"]}
 ORIGIN = "198.19.0.10"
 SOURCES = {"haproxy": "198.18.0.20", "supervisor and haproxy": "198.18.0.21",
            "supervisor, its return, then haproxy": "198.18.0.22", "status": "198.18.0.23"}
@@ -55,28 +54,13 @@ BACK_WITHIN = 2.0          # s: HAProxy is back this soon (issue 11)
 SYN_LOST = 0.9             # s: a connect this slow had its SYN retransmitted (initial RTO: 1 s)
 LOAD_BEFORE = 1.0          # s of load before the kill
 LOAD_SECONDS = 3.0         # s during which the load generator opens new connections
-_broken: dict[str, str] = {}
 
 
-@pytest.fixture(scope="module", params=list(LABS))
-def lab(request):
-    """The lab of one interception mode (lab.interception says which), with the client addresses
-    of this module's tests (each test's fail-open flows stay remembered; no other test meets them)."""
-    mode = request.param
-    if mode in _broken:
-        pytest.skip(f"the {mode} lab failed to build: {_broken[mode]}")
-    try:
-        handle = LabHandle.up(f"hf{secrets.token_hex(3)}", LABS[mode])
-    except RuntimeError as e:
-        _broken[mode] = str(e)[-500:]
-        pytest.fail(str(e))
-    handle.interception = mode
-    try:
-        for addr in SOURCES.values():
-            handle.run("client", "ip", "addr", "add", f"{addr}/24", "dev", "eth0")
-        yield handle
-    finally:
-        handle.down()
+def lab_setup(handle) -> None:
+    """The client addresses of this module's tests (each test's fail-open flows stay remembered; no
+    other test meets them)."""
+    for addr in SOURCES.values():
+        handle.run("client", "ip", "addr", "add", f"{addr}/24", "dev", "eth0")
 
 
 class Graph:

@@ -28,18 +28,17 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 
 import pytest
 
-from netns.handle import PYTHON, LabHandle
+from netns.handle import PYTHON
 from pepctl import config as configmod
 from pepctl import flow_maps
 from pepctl.names import instance_names
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SYNFLOOD = os.path.join(HERE, "synflood.py")
-LABS = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"]}
+LAB_MODES = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"]}
 ORIGIN = "198.19.0.10"
 CLIENT = "198.18.0.10"
 ACCESS_NET = "198.18.0.0/24"
@@ -51,7 +50,6 @@ FLOOD = 1_000_000
 MARGIN = 1_000
 FLOWS_NEW_MAX = 262144      # tc/pep_flow.h
 FLOOD_SECONDS = 50          # the sender stops there, whatever it sent (the test then fails)
-_broken: dict[str, str] = {}
 
 # A keep-alive connection that answers on stdin: each line read makes one request (GET /1k) on the
 # same connection and prints {"port", "status", "body", "error"}; nginx keeps an idle connection
@@ -77,24 +75,6 @@ for line in sys.stdin:
     print(json.dumps(out), flush=True)
 """
 
-
-@pytest.fixture(scope="module", params=list(LABS))
-def lab(request):
-    """The lab of one interception mode (lab.interception says which). One that fails to build makes
-    the remaining tests of that mode skip."""
-    mode = request.param
-    if mode in _broken:
-        pytest.skip(f"the {mode} lab failed to build: {_broken[mode]}")
-    try:
-        handle = LabHandle.up(f"hd{secrets.token_hex(3)}", LABS[mode])
-    except RuntimeError as e:
-        _broken[mode] = str(e)[-500:]
-        pytest.fail(str(e))
-    handle.interception = mode
-    try:
-        yield handle
-    finally:
-        handle.down()
 
 
 @pytest.fixture(scope="module")

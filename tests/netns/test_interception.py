@@ -31,16 +31,15 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 
 import pytest
 
-from netns.handle import PYTHON, LabHandle, wait_until
+from netns.handle import PYTHON, wait_until
 from pepctl import config as configmod
 from pepctl import flow_maps
 from pepctl.names import instance_names
 
-LABS = {"bpf": [], "nft": ["--interception", "nft"]}
+LAB_MODES = {"bpf": [], "nft": ["--interception", "nft"]}
 ORIGIN = {4: "198.19.0.10", 6: "2001:2:0:2::10"}
 CLIENT = {4: "198.18.0.10", 6: "2001:2:0:1::10"}
 BYPASSED = {4: "198.18.0.30", 6: "2001:2:0:1::30"}
@@ -49,7 +48,6 @@ LISTEN_PORT = 50080
 # Odd ports, low and high, the listener's and the exporter's among them.
 MANY_PORTS = (1, 22, 443, 4011, 9101, 31337, LISTEN_PORT, 65535)
 SELF_PORTS = (1, 22, 80, 443, 9101, LISTEN_PORT, 65535)
-_broken: dict[str, str] = {}
 
 # On the origin: one listener per (address, port); each connection is answered with
 # "PEER_ADDR PEER_PORT LOCAL_PORT\n" and closed. Runs until killed (at most 60 s).
@@ -96,25 +94,10 @@ print(json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module", params=list(LABS))
-def lab(request):
-    """The lab of one interception mode (lab.interception says which), with the bypassed client's
-    addresses. One that fails to build makes the remaining tests of that mode skip."""
-    mode = request.param
-    if mode in _broken:
-        pytest.skip(f"the {mode} lab failed to build: {_broken[mode]}")
-    try:
-        handle = LabHandle.up(f"hi{secrets.token_hex(3)}", LABS[mode])
-    except RuntimeError as e:
-        _broken[mode] = str(e)[-500:]
-        pytest.fail(str(e))
-    handle.interception = mode
-    try:
-        handle.run("client", "ip", "addr", "add", f"{BYPASSED[4]}/24", "dev", "eth0")
-        handle.run("client", "ip", "-6", "addr", "add", f"{BYPASSED[6]}/64", "dev", "eth0", "nodad")
-        yield handle
-    finally:
-        handle.down()
+def lab_setup(handle) -> None:
+    """The bypassed client's addresses."""
+    handle.run("client", "ip", "addr", "add", f"{BYPASSED[4]}/24", "dev", "eth0")
+    handle.run("client", "ip", "-6", "addr", "add", f"{BYPASSED[6]}/64", "dev", "eth0", "nodad")
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@
                                       == c_in [pep: tc flow_ingress (bpf: sk_assign | nft: TPROXY) -> listener] s_in
                                       == ... -- origin nginx 198.19.0.10
 
-Every test runs on two labs (LABS): the default one (interception `bpf`, every TCP port), and one
+Every test runs on two labs (LAB_MODES): the default one (interception `bpf`, every TCP port), and one
 with `--interception nft --ports 80`, so the nft path stays covered.
 
 How right is told from wrong: the origin's access log names the peer of each
@@ -32,31 +32,12 @@ import time
 
 import pytest
 
-from netns.handle import PEP_LAB, PYTHON, LabHandle, wait_until
+from netns.handle import PEP_LAB, PYTHON, wait_until
 from pepctl import nsutil
 
 # The lab's options per interception mode.
-LABS = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"]}
-_broken: dict[str, str] = {}
+LAB_MODES = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"]}
 
-
-@pytest.fixture(scope="module", params=list(LABS))
-def lab(request):
-    """The lab of one interception mode (lab.interception says which). One that fails to build makes the
-    remaining tests of that mode skip."""
-    mode = request.param
-    if mode in _broken:
-        pytest.skip(f"the {mode} lab failed to build: {_broken[mode]}")
-    try:
-        handle = LabHandle.up(f"hb{secrets.token_hex(3)}", LABS[mode])
-    except RuntimeError as e:
-        _broken[mode] = str(e)[-500:]
-        pytest.fail(str(e))
-    handle.interception = mode
-    try:
-        yield handle
-    finally:
-        handle.down()
 
 
 def graph(lab) -> dict:
