@@ -42,7 +42,7 @@ from .names import (
     instance_names,
 )
 from .render_nft import render_nft
-from .runner import Call, Step, StepError, action, run, run_json, wait_for
+from .runner import Call, Step, StepError, action, run, run_json, wait_for, write_file
 from .tuning import tuning_steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -407,13 +407,32 @@ def haproxy_config(cfg: Config, info: HostInfo) -> str:
 
 
 def register_steps(cfg: Config) -> list[Step]:
-    """The host's register of running instances: what checks.conflicts reads."""
+    """The host's register of running instances: what checks.conflicts reads. The folder is shared
+    by the instances of the host: whichever leaves it empty removes it."""
     n = instance_names(cfg)
     text = json.dumps(checks.register_entry(cfg), indent=1) + "\n"
-    return [mkdir_step(REGISTER, 0o755, ours=[], what=f"create {REGISTER}"),
-            Step(f"register instance {cfg.host.instance} in {REGISTER}",
-                 Call("write", (n.register, text), f"cat > {n.register} <<'EOF'\n{text.rstrip()}\nEOF"),
-                 undo=Call("remove", (n.register,), f"rm {n.register}"))]
+    return [Step(f"register instance {cfg.host.instance} in {REGISTER}",
+                 Call("register", (n.register, text), f"mkdir -p {REGISTER} && cat > {n.register} <<'EOF'\n"
+                      f"{text.rstrip()}\nEOF"),
+                 undo=Call("unregister", (n.register,), f"rm {n.register}; rmdir {REGISTER} if empty"))]
+
+
+@action("register")
+def _register(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_file(path, text)
+
+
+@action("unregister")
+def _unregister(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    try:
+        os.rmdir(os.path.dirname(path))
+    except OSError:
+        pass   # another instance is registered there
 
 
 def build(cfg: Config, info: HostInfo) -> list[Step]:

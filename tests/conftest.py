@@ -51,6 +51,9 @@ def _snapshot() -> dict[str, set[str]]:
                                                               text=True).stdout or "[]")}
     return {"netns": listdir("/run/netns"), "bpf pins": listdir("/sys/fs/bpf"),
             "run dirs": listdir("/run/peplab") | listdir("/run/pep") | listdir("/run/pep-instances"),
+            # Folders pepctl makes on the host, and its crash log: none may appear during a test run.
+            "host folders": {d for d in ("/run/pep", "/run/peplab", "/run/pep-instances", "/var/log/pep")
+                             if os.path.exists(d)},
             "processes": procs, "links": links}
 
 
