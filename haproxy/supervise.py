@@ -53,7 +53,7 @@ SERIALS = 1_000_000            # socket names haproxy.s<serial>.sock: at most 6 
 
 
 def paths(instance_dir: str) -> dict[str, str]:
-    """The supervisor's files, as pepctl/names.py lays them out."""
+    """The supervisor's files under an instance's folder (pepctl/names.py takes them from here)."""
     proxy = os.path.join(instance_dir, "proxy")
     return {"cfg": os.path.join(instance_dir, "haproxy.cfg"), "sock": os.path.join(proxy, "haproxy.sock"),
             "supervisor_log": os.path.join(proxy, "supervisor.log"),

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 from pepctl.runner import Journal
@@ -71,6 +72,34 @@ class LabHandle:
             with open(path) as f:
                 return next((line.split()[0] for line in f if tag in line), None)
         return wait_until(find, timeout=timeout, what=f"origin access log line for {tag}")
+
+    def reload_under_load(self, configs: list[str], seconds: float = 4, pause: float = 0.5, inspect=None):
+        """Reloads the proxy host with each config text in turn while wrk makes new 1 KB transactions
+        (`Connection: close`) from the client; inspect(), if given, runs after the last reload; then the
+        lab's own config comes back. Returns wrk's output and what inspect returned."""
+        conf = os.path.join(self.run_dir, "pep.toml")
+        with open(conf) as f:
+            original = f.read()
+        out: dict = {}
+        load = threading.Thread(target=lambda: out.update(wrk=self.run(
+            "client", "wrk", "-t1", "-c8", f"-d{seconds:g}s", "-H", "Connection: close", "http://198.19.0.10/1k",
+            timeout=seconds + 30).stdout))
+        load.start()
+        try:
+            time.sleep(1.0)
+            for text in configs:
+                with open(conf, "w") as f:
+                    f.write(text)
+                proc = self.pepctl("reload")
+                assert "reloaded" in proc.stdout, proc.stdout + proc.stderr
+                time.sleep(pause)
+        finally:
+            load.join()
+            seen = inspect() if inspect else None
+            with open(conf, "w") as f:
+                f.write(original)
+            self.pepctl("reload")
+        return out["wrk"], seen
 
     def run_pep_lab(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([PEP_LAB, *args], env=self.env, capture_output=True, text=True, timeout=60)

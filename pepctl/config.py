@@ -49,12 +49,18 @@ class Side:
 class Proxy:
     enabled: bool
     interception: str                         # "bpf" | "nft" | "route"
-    ports: tuple[tuple[int, int], ...] | None  # sorted, disjoint inclusive ranges; None = all (nft only)
-    listen_port: int                          # nft mode: the port tproxy hands flows to
+    ports: tuple[tuple[int, int], ...] | None  # sorted, disjoint inclusive ranges; None = all (bpf, nft)
+    listen_port: int                          # bpf, nft: the port of the one listener new flows go to
     splice: str                               # "both" | "auto" | "off"
     mode: str                                 # "tcp" | "http"
     maxconn: int                              # 0 = the host's maxconn (no limit of its own)
     log_connections: bool
+
+    @property
+    def one_listener(self) -> bool:
+        """bpf and nft hand every intercepted flow, any port, to one listener on listen_port, and mark
+        the packets of the proxy's flows; route listens on each intercepted port."""
+        return self.interception in ONE_LISTENER
 
 
 @dataclass(frozen=True)
@@ -209,6 +215,7 @@ UNIT_NAME_MAX = 255       # systemd: pep-supervisor@<run_dir/INSTANCE, escaped>.
 PATH_LEN_MAX = 255        # run_dir, bpf_dir: NAME_MAX, so no pin path (bpf_dir/INSTANCE/flow/maps/NAME) nears PATH_MAX
 PATH_CHARS = "letters, digits, '.', '_', '-' and '/'"   # POSIX's portable file name characters
 _PATH_RE = re.compile(r"[A-Za-z0-9._/-]*")
+ONE_LISTENER = ("bpf", "nft")   # interception modes with a single listener: Proxy.one_listener
 ENUMS = {
     "interception": ("bpf", "nft", "route"),
     "supervisor": ("auto", "systemd", "pepctl"),
@@ -717,7 +724,7 @@ class _Reader:
         elif mode == "route" and ports is not BAD and _count(ports) > MAX_ROUTE_PORTS:
             fail("ports", f'interception = "route" binds one listener per port: at most {MAX_ROUTE_PORTS} '
                  'ports; use interception = "nft" for large port sets')
-        if mode in ("bpf", "nft") and ports not in (None, BAD) and listen is not BAD and in_ranges(listen, ports):
+        if mode in ONE_LISTENER and ports not in (None, BAD) and listen is not BAD and in_ranges(listen, ports):
             fail("listen_port", f"is also an intercepted port (ports); the proxy's listener needs a port of "
                  f"its own: pick one outside ports (default {PROXY_DEFAULTS['listen_port']})")
         values = [v[k] for k in PROXY_KEYS]

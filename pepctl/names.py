@@ -30,6 +30,7 @@ import os
 from dataclasses import dataclass
 
 from haproxy.supervise import SERIALS, socket_name
+from haproxy.supervise import paths as supervisor_files
 
 from .config import Config, Graph
 from .flow_maps import ifindexes
@@ -86,22 +87,23 @@ class GraphNames:
 def instance_names(cfg: Config) -> InstanceNames:
     inst, run = cfg.host.instance, cfg.host.run_dir
     d = os.path.join(run, inst)
-    proxy = os.path.join(d, "proxy")
+    sup = supervisor_files(d)   # the supervisor's files: named where it runs, taken from there
+    proxy = os.path.dirname(sup["sock"])
     pins = os.path.join(cfg.host.bpf_dir, inst)
     return InstanceNames(
         instance=inst, run_dir=run, dir=d, proxy_dir=proxy,
         journal=os.path.join(run, f"{inst}.journal"),
         lock=os.path.join(run, f"{inst}.lock"),
         pins=pins, steer_pins=os.path.join(pins, "steer"), flow_pins=os.path.join(pins, "flow"),
-        haproxy_cfg=os.path.join(d, "haproxy.cfg"),
-        haproxy_sock=os.path.join(proxy, "haproxy.sock"),
+        haproxy_cfg=sup["cfg"],
+        haproxy_sock=sup["sock"],
         haproxy_sock_longest=os.path.join(proxy, socket_name(SERIALS - 1)),
-        haproxy_log=os.path.join(proxy, "haproxy.log"),
+        haproxy_log=sup["log"],
         keeper_pid=os.path.join(d, "keeper.pid"),
         keeper_log=os.path.join(d, "keeper.log"),
-        supervisor_pid=os.path.join(proxy, "supervisor.pid"),
-        supervisor_state=os.path.join(proxy, "supervisor.json"),
-        supervisor_log=os.path.join(proxy, "supervisor.log"),
+        supervisor_pid=sup["pid"],
+        supervisor_state=sup["state"],
+        supervisor_log=sup["supervisor_log"],
         register=os.path.join(REGISTER, f"{inst}.json"),
     )
 

@@ -42,7 +42,7 @@ from .names import (
     instance_names,
 )
 from .render_nft import render_nft
-from .runner import Call, Step, StepError, action, run, run_json, wait_for, write_file
+from .runner import Call, Step, StepError, action, remove_file, run, run_json, wait_for, write_file
 from .tuning import tuning_steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -222,7 +222,7 @@ def interception_lines(g: Graph, family: int) -> list[str]:
         return []
     default = "0.0.0.0/0" if family == 4 else "::/0"
     lines = [f"route replace local {default} dev lo table {LOCAL_TABLE}"]
-    if g.proxy.interception in ("bpf", "nft"):
+    if g.proxy.one_listener:
         # The mark is set by flow_ingress (bpf) or by the nft table (nft) on packets for local sockets.
         return lines + [f"rule add pref {RULE_PREF} fwmark {flow_maps.LOCAL_MARK} lookup {LOCAL_TABLE}"]
     # route: the intercepted ports from the access side, and the origin's replies from those ports.
@@ -255,10 +255,10 @@ def flow_flags(g: Graph) -> tuple[int, int]:
         flags |= flow_maps.GRAPH_F_ASSIGN
     if p.ports is None:
         flags |= flow_maps.GRAPH_F_ALL_PORTS
-    if p.interception in ("bpf", "nft"):
+    if p.one_listener:
         # route mode cannot tell an origin's new flow from a reply by port: access side only.
         flags |= flow_maps.GRAPH_F_ORIGIN_SYNS
-    return flags, (p.listen_port if p.interception in ("bpf", "nft") else 0)
+    return flags, (p.listen_port if p.one_listener else 0)
 
 
 @action("flow_graph")
@@ -397,7 +397,7 @@ def haproxy_config(cfg: Config, info: HostInfo) -> str:
     proxies = []
     for g in graphs:
         p = g.proxy
-        ports = (str(p.listen_port),) if p.interception in ("bpf", "nft") else \
+        ports = (str(p.listen_port),) if p.one_listener else \
             tuple(_port_arg(lo, hi) for lo, hi in p.ports or ())
         proxies.append(GraphProxy(name=graph_names(cfg, g).proxy, netns=graph_names(cfg, g).netns, ports=ports,
                                   mode=p.mode, splice=p.splice, maxconn=min(p.maxconn or total, total),
@@ -425,10 +425,7 @@ def _register(path: str, text: str) -> None:
 
 @action("unregister")
 def _unregister(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    remove_file(path)
     try:
         os.rmdir(os.path.dirname(path))
     except OSError:

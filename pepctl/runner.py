@@ -227,7 +227,7 @@ def _mkdir(path: str, mode: int = 0o755, uid: int = -1, gid: int = -1) -> None:
 
 
 @action("remove")
-def _remove(path: str) -> None:
+def remove_file(path: str) -> None:
     """Removes a file this run wrote; gone already is fine."""
     try:
         os.unlink(path)
@@ -348,12 +348,14 @@ class Journal:
 
 # Errors that mean "already gone": an undo that finds nothing to undo succeeded.
 GONE = ("No such file", "Cannot find device", "does not exist", "No such process", "not found",
-        "Invalid handle", "No such device", "Cannot find specified qdisc", "Command failed",
-        "Cannot open network namespace", "Parent Qdisc doesn't exist", "We have an error talking to the kernel")
+        "Invalid handle", "No such device", "Cannot find specified qdisc", "Cannot open network namespace",
+        "Parent Qdisc doesn't exist")
+# What ip and tc add to any error: "already gone" only beside one of the lines above.
+GENERIC = ("Command failed", "We have an error talking to the kernel")
 
 
 def _gone_only(err: str) -> bool:
-    lines = [x for x in err.splitlines() if x.strip()]
+    lines = [x for x in err.splitlines() if x.strip() and not any(g in x for g in GENERIC)]
     return bool(lines) and all(any(g in x for g in GONE) for x in lines)
 
 

@@ -230,11 +230,10 @@ def stop_supervisor(how: str, instance_dir: str, keeper_pid: str, supervisor_pid
     for pid in haproxy_pids(read_state(state_path)):
         if is_our_haproxy(pid, cfg):
             stop_pid(pid, grace=5)
-    for path in (keeper_pid,):
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+    try:
+        os.unlink(keeper_pid)
+    except FileNotFoundError:
+        pass
 
 
 def processes(n: InstanceNames) -> dict:

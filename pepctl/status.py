@@ -44,7 +44,7 @@ def problems(cfg: Config) -> list[str]:
 
 def listen_ports(g: Graph) -> set[int]:
     """The ports the graph's listeners bind: listen_port (bpf, nft), or each intercepted port (route)."""
-    if g.proxy.interception in ("bpf", "nft"):
+    if g.proxy.one_listener:
         return {g.proxy.listen_port}
     return {p for lo, hi in g.proxy.ports or () for p in range(lo, hi + 1)}
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
-import time
 
 from haproxy import stats
 from pepctl import nsutil
@@ -59,30 +57,11 @@ def test_reload_changing_one_graph_loses_no_transaction_on_another(lab):
     first = original.index("[graph.proxy]")
     second = original.index("[graph.proxy]", first + 1)
     changed = original[:second] + "[graph.proxy]\nmaxconn = 77\n" + original[second + len("[graph.proxy]\n"):]
-    results = {}
-
-    def load():
-        results["wrk"] = lab.run("client", "wrk", "-t1", "-c8", "-d5s", "-H", "Connection: close",
-                                 "http://198.19.0.10/1k", timeout=30).stdout
-    t = threading.Thread(target=load)
-    t.start()
-    try:
-        time.sleep(1.0)
-        for text in (changed, original, changed):
-            with open(conf, "w") as f:
-                f.write(text)
-            proc = lab.pepctl("reload")
-            assert "reloaded" in proc.stdout, proc.stdout + proc.stderr
-            time.sleep(0.7)
-    finally:
-        t.join()
-    slim = {r["pxname"]: r["slim"] for r in stats.stats(haproxy_sock(lab)) if r["svname"] == "FRONTEND"}
-    with open(conf, "w") as f:
-        f.write(original)
-    lab.pepctl("reload")
+    out, slim = lab.reload_under_load(
+        [changed, original, changed], seconds=5, pause=0.7,
+        inspect=lambda: {r["pxname"]: r["slim"] for r in stats.stats(haproxy_sock(lab)) if r["svname"] == "FRONTEND"})
     assert slim["graph_g2"] == "77", f"graph g2's maxconn after the reload: expected 77, got {slim['graph_g2']}"
     assert slim["graph_pep"] != "77", f"graph pep's maxconn changed too: {slim['graph_pep']}"
-    out = results["wrk"]
     done = int(re.search(r"(\d+) requests in", out).group(1))
     assert done > 100, f"wrk made only {done} requests: {out}"
     assert "Socket errors" not in out and "Non-2xx" not in out, f"graph pep lost transactions:\n{out}"

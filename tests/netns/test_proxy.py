@@ -27,8 +27,6 @@ import os
 import re
 import secrets
 import subprocess
-import threading
-import time
 
 import pytest
 
@@ -239,32 +237,11 @@ def test_pepctl_up_twice_changes_nothing(lab):
 
 
 def test_reload_during_load_loses_no_transaction(lab):
-    conf = os.path.join(lab.run_dir, "pep.toml")
-    with open(conf) as f:
+    with open(os.path.join(lab.run_dir, "pep.toml")) as f:
         original = f.read()
-    results = {}
-    gen0 = lab.pepctl("status", "--json")
-    gen0 = json.loads(gen0.stdout)["proxy"]["generation"]
-
-    def load():
-        results["wrk"] = lab.run("client", "wrk", "-t1", "-c8", "-d4s", "-H", "Connection: close",
-                                 "http://198.19.0.10/1k", timeout=30).stdout
-    t = threading.Thread(target=load)
-    t.start()
-    try:
-        time.sleep(1.0)
-        for splice in ("auto", "off", "both"):
-            with open(conf, "w") as f:
-                f.write(re.sub(r'splice = "\w+"', f'splice = "{splice}"', original))
-            proc = lab.pepctl("reload")
-            assert "reloaded" in proc.stdout, proc.stdout + proc.stderr
-            time.sleep(0.5)
-    finally:
-        t.join()
-        with open(conf, "w") as f:
-            f.write(original)
-        lab.pepctl("reload")
-    out = results["wrk"]
+    gen0 = json.loads(lab.pepctl("status", "--json").stdout)["proxy"]["generation"]
+    out, _ = lab.reload_under_load([re.sub(r'splice = "\w+"', f'splice = "{splice}"', original)
+                                    for splice in ("auto", "off", "both")])
     done = int(re.search(r"(\d+) requests in", out).group(1))
     assert done > 100, f"wrk made only {done} requests: {out}"
     assert "Socket errors" not in out and "Non-2xx" not in out, f"transactions lost during reload:\n{out}"
