@@ -4,7 +4,10 @@ Labs side by side (same topology, same steering), measured alternately, REPS tim
 proxied variant intercepts port 80 only, so the interception modes do the same work:
   routed        proxy off: the pep namespace routes (the baseline of every ratio)
   bpf           interception in the tc program (bpf_sk_assign), splice request+response, TCP mode:
-                the default
+                the default; its metrics exporter is scraped every second (pepctl/exporter.py:
+                datapath and proxy figures, fail-open polling, tcp_info sampling)
+  no-metrics    bpf without the metrics exporter (metrics_port = 0): what metrics and sampling
+                cost is bpf / no-metrics, paired
   nft           interception by an nftables tproxy table
   route         interception by policy routing (no netfilter, a listener per port)
   splice-auto   bpf, splice-auto
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import threading
 from contextlib import ExitStack
 
 from .common import git_rev, labs, median, paired_ratio, write_report
@@ -31,6 +35,7 @@ PORT80 = ["--ports", "80"]
 VARIANTS = {
     "routed": ["--no-proxy"],
     "bpf": [*PORT80],
+    "no-metrics": ["--no-metrics", *PORT80],
     "nft": ["--interception", "nft", *PORT80],
     "route": ["--interception", "route", *PORT80],
     "splice-auto": ["--splice", "auto", *PORT80],
@@ -39,6 +44,7 @@ VARIANTS = {
 }
 WRK_LUA = os.path.join(os.path.dirname(__file__), "wrk_json.lua")
 URL = "http://198.19.0.10"
+METRICS = "http://127.0.0.1:9101/metrics"
 
 
 def wrk(lab, path: str, seconds: float, conns: int, close: bool) -> dict:
@@ -47,6 +53,11 @@ def wrk(lab, path: str, seconds: float, conns: int, close: bool) -> dict:
         args += ["-H", "Connection: close"]
     out = lab.run("client", *args, f"{URL}{path}", timeout=seconds + 30).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def scrape_every_second(lab, stop: threading.Event) -> None:
+    while not stop.wait(1.0):
+        lab.run("proxyhost", "curl", "-s", "-m", "5", "-o", "/dev/null", METRICS, check=False)
 
 
 def cpu_busy_seconds() -> float:
@@ -91,6 +102,12 @@ def main() -> int:
            for v in chosen}
     with ExitStack() as stack:
         lab = labs(stack, {v: VARIANTS[v] for v in chosen})
+        if "bpf" in lab:   # Prometheus's part: a scrape a second, for as long as the bench runs
+            stop = threading.Event()
+            scraper = threading.Thread(target=scrape_every_second, args=(lab["bpf"], stop), daemon=True)
+            scraper.start()
+            stack.callback(scraper.join)
+            stack.callback(stop.set)
         for rep in range(args.reps):
             order = chosen if rep % 2 == 0 else chosen[::-1]
             for v in order:
@@ -118,7 +135,7 @@ def main() -> int:
     proxy_cpu = {v: median([a - b for a, b in zip(raw[v]["cpu_us_per_tx"], raw["routed"]["cpu_us_per_tx"],
                                                   strict=True)]) for v in chosen}
     # bpf against the other interception modes, paired rep by rep (the acceptance of issue 11).
-    versus = {f"bpf/{v}": paired_ratio(raw["bpf"]["tps"], raw[v]["tps"]) for v in ("nft", "route")
+    versus = {f"bpf/{v}": paired_ratio(raw["bpf"]["tps"], raw[v]["tps"]) for v in ("nft", "route", "no-metrics")
               if "bpf" in raw and v in raw}
     table = [["variant", "1 KB tx/s", "ratio", "CPU us/tx", "proxy's us/tx", "TTFB p50 us", "ratio", "TTFB p99 us",
               "ratio", "10 MB Gbit/s", "ratio", "errors"]]   # ratios paired rep by rep; medians of the samples

@@ -28,10 +28,11 @@ from .proxy import wrk
 REPLAY = os.path.join(REPO, "replay", "pep-replay")
 
 
-def compile_1k(tmp: str) -> str:
-    out = os.path.join(tmp, "1k.json")
+def compile_profile(tmp: str, profile: str, size: str) -> str:
+    """trex-profiles/PROFILE at one object size, served by 198.19.0.11-20 (nginx keeps .10)."""
+    out = os.path.join(tmp, f"{size}.json")
     subprocess.run([sys.executable, os.path.join(REPO, "replay", "compile_profile.py"),
-                    os.path.join(REPO, "trex-profiles", "http_small.py"), out, "-t", "size=1k",
+                    os.path.join(REPO, "trex-profiles", profile), out, "-t", f"size={size}",
                     "-t", "servers=198.19.0.11-198.19.0.20"], check=True, capture_output=True, timeout=120)
     return out
 
@@ -54,7 +55,7 @@ def main() -> int:
     args = ap.parse_args()
     samples: dict[str, list[float]] = {"wrk": [], "pep-replay": []}
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="plbench-") as tmp:
-        profile = compile_1k(tmp)
+        profile = compile_profile(tmp, "http_small.py", "1k")
         lab = labs(stack, {"routed": ["--no-proxy"]})["routed"]
         for i in range(11, 251):
             lab.run("client", "ip", "addr", "add", f"198.18.0.{i}/24", "dev", "eth0")

@@ -61,7 +61,6 @@ class Process:
     title: str               # who wrote it, in the first comment line
     cpus: tuple[int, ...]    # thread i is pinned to cpus[i]
     maxconn: int
-    metrics: str | None      # "ADDRESS:PORT" of the Prometheus exporter, None for none
 
 
 def render(proc: Process, graphs: list[GraphProxy]) -> str:
@@ -95,16 +94,8 @@ def render(proc: Process, graphs: list[GraphProxy]) -> str:
     ]
     for g in graphs:
         out += _graph(g)
-    if proc.metrics:
-        out += [
-            "",
-            "frontend metrics",
-            "    mode http",
-            "    no log",
-            f"    bind {proc.metrics}",
-            "    http-request use-service prometheus-exporter if { path /metrics }",
-            "    http-request return status 404 content-type text/plain string \"try /metrics\\n\"",
-        ]
+    # No Prometheus frontend: pepctl's exporter serves the proxy's figures with the datapath's,
+    # from this process's stats socket (pepctl/exporter.py).
     return "\n".join(out) + "\n"
 
 

@@ -153,6 +153,20 @@ def show_failopen(lab: LabHandle) -> None:
     say()
 
 
+SHOWN_METRICS = ("pep_up", "pep_failopen{", "pep_failopen_switches_total", "pep_flows_total{",
+                 "pep_proxy_sessions_total", "pep_proxy_errors_total", "pep_tcp_rtt_seconds_count",
+                 "pep_tcp_sampled_sockets_total")
+
+
+def show_metrics(lab: LabHandle) -> None:
+    say("8. What the host's Prometheus scrapes (pepctl's exporter, 127.0.0.1:9101 in the proxy host; a few of")
+    say("   its series, all in pepctl/metrics.py; monitoring/ has the Grafana dashboard and alert rules):")
+    text = lab.run("proxyhost", "curl", "-s", "-m", "5", "http://127.0.0.1:9101/metrics", check=False).stdout
+    lines = [ln for ln in text.splitlines() if ln.startswith(SHOWN_METRICS) and not ln.endswith(" 0")]
+    say("   " + "\n   ".join(lines or ["(the exporter did not answer)"]))
+    say()
+
+
 def plot_gain(cell: dict, link: str):
     """Two bar pairs a person reads at a glance: the download's goodput against the link rate, and
     the page's completion time; with the PEP and end to end, the gain written above."""
@@ -208,6 +222,7 @@ def main() -> int:
         say("7. What the appliance counted (pepctl status, in the proxy host):")
         say("   " + lab.pepctl("status").stdout.strip().replace("\n", "\n   "))
         say()
+        show_metrics(lab)
         say("removing the lab ...")
     say("done: the lab is gone (pep-lab down); nothing is left on this machine.")
     return 0

@@ -187,7 +187,7 @@ class BareHost:
         return subprocess.run(self.argv(conf, *args), capture_output=True, text=True, timeout=timeout)
 
     def processes(self) -> list[str]:
-        """Command lines of the instance's processes: keeper, supervisor, HAProxy."""
+        """Command lines of the instance's processes: keepers, supervisor, HAProxy, exporter."""
         out = []
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
@@ -197,7 +197,8 @@ class BareHost:
                     cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if f"/run/{self.inst}/" in cmd and ("haproxy" in cmd or "supervise" in cmd or " keep " in cmd):
+            if f"/run/{self.inst}/" in cmd and ("haproxy" in cmd or "supervise" in cmd or " keep " in cmd
+                                                or " exporter " in cmd):
                 out.append(cmd.strip())
         return sorted(out)
 

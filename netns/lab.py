@@ -238,9 +238,12 @@ class Lab:
             opts.ports = "80"
         ports = "\"all\"" if opts.ports == "all" else json.dumps(
             [int(p) if p.isdigit() else p for p in opts.ports.split(",")])
+        fraction = getattr(opts, "control_fraction", 0.0)
+        experiment = f"\n[graph.experiment]\ncontrol_fraction = {fraction}\n" if fraction else ""
         text = template.substitute(rid=self.rid, run_dir=self.run_dir, proxy=str(not opts.no_proxy).lower(),
                                    interception=opts.interception, ports=ports, splice=opts.splice,
-                                   mode=opts.mode)
+                                   mode=opts.mode, experiment=experiment,
+                                   metrics_port=0 if getattr(opts, "no_metrics", False) else 9101)
         proxy = text[text.index("[graph.proxy]"):]
         return text + "".join(extra_graph(i, proxy) for i in range(2, getattr(opts, "graphs", 1) + 1))
 
@@ -466,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
                     '(route interception needs a list; it gets 80 when given "all")')
     up.add_argument("--splice", choices=("both", "auto", "off"), default="both")
     up.add_argument("--mode", choices=("tcp", "http"), default="tcp")
+    up.add_argument("--no-metrics", action="store_true", help="no metrics exporter (metrics_port = 0)")
+    up.add_argument("--control-fraction", type=float, default=0.0, metavar="F",
+                    help="the experiment: a share F of subscribers bypassed as the control group (default 0: off)")
     up.add_argument("--graphs", type=int, default=1, metavar="N",
                     help=f"graphs on the proxy host: the lab's own, and N-1 more without hosts (max {MAX_GRAPHS})")
     sub.add_parser("down", help="remove everything the lab made")

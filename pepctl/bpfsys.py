@@ -30,6 +30,7 @@ BPF_MAP_DELETE_ELEM = 3
 BPF_MAP_GET_NEXT_KEY = 4
 BPF_OBJ_GET = 7
 BPF_PROG_TEST_RUN = 10
+BPF_MAP_LOOKUP_AND_DELETE_ELEM = 21
 BPF_MAP_UPDATE_BATCH = 26
 
 _CMD_NAMES = {
@@ -40,6 +41,7 @@ _CMD_NAMES = {
     BPF_OBJ_GET: "BPF_OBJ_GET",
     BPF_PROG_TEST_RUN: "BPF_PROG_TEST_RUN",
     BPF_MAP_UPDATE_BATCH: "BPF_MAP_UPDATE_BATCH",
+    BPF_MAP_LOOKUP_AND_DELETE_ELEM: "BPF_MAP_LOOKUP_AND_DELETE_ELEM",
 }
 
 # Update flags
@@ -194,6 +196,16 @@ def map_lookup_percpu(fd: int, key: bytes, value_size: int, *, name: str = "") -
     if raw is None:
         return None
     return [raw[i:i + value_size] for i in range(0, len(raw), stride)]
+
+
+def map_pop(fd: int, value_size: int, *, name: str = "") -> bytes | None:
+    """The oldest value of a queue map, taken off it; None when it is empty."""
+    v = ctypes.create_string_buffer(value_size)
+    try:
+        _bpf(BPF_MAP_LOOKUP_AND_DELETE_ELEM, _ElemAttr(map_fd=fd, key=0, value=_addr(v)), name or f"fd {fd}")
+    except FileNotFoundError:
+        return None
+    return v.raw
 
 
 def map_update(fd: int, key: bytes, value: bytes, flags: int = BPF_ANY, *, name: str = "") -> None:
@@ -360,6 +372,10 @@ class Map(_Pinned):
     def delete(self, key: bytes, missing_ok: bool = False) -> bool:
         self._check("delete", key)
         return map_delete(self.fd, key, name=self.path, missing_ok=missing_ok)
+
+    def pop(self) -> bytes | None:
+        """A queue map's oldest value, taken off it; None when it is empty."""
+        return map_pop(self.fd, self.value_size, name=self.path)
 
     def keys(self):
         """Iterates the keys (for arrays: every index). Entries may change while iterating."""

@@ -9,6 +9,7 @@ that is safe only because a name that exists already is refused here, before any
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import socket
@@ -127,7 +128,8 @@ def register_entry(cfg: Config) -> dict:
     n = instance_names(cfg)
     return {"instance": cfg.host.instance, "config": cfg.path, "run_dir": cfg.host.run_dir, "bpf_dir": cfg.host.bpf_dir,
             "journal": n.journal, "pins": n.pins, "nic": cfg.host.nic, "netns": netns_id(),
-            "vlans": sorted(v for g in cfg.graphs for v in (g.access.vlan, g.origin.vlan))}
+            "vlans": sorted(v for g in cfg.graphs for v in (g.access.vlan, g.origin.vlan)),
+            "metrics": [cfg.host.metrics_address, cfg.host.metrics_port]}
 
 
 def running_instances() -> list[dict]:
@@ -168,7 +170,18 @@ def conflicts(cfg: Config) -> list[FieldError]:
             also = f", VLAN(s) {', '.join(map(str, shared))} among them" if shared else ""
             out.append(FieldError(cfg.path, "host.nic", cfg.host.nic, f"{who} steers the VLANs of this NIC{also}; "
                                   "one instance per NIC: add these graphs to that instance, or use another NIC"))
+        if other["netns"] == me["netns"] and _same_listener(other.get("metrics"), me["metrics"]):
+            out.append(FieldError(cfg.path, "host.metrics_port", cfg.host.metrics_port, f"{who} serves its metrics on "
+                                  f"{other['metrics'][0]} port {other['metrics'][1]}; give this instance another "
+                                  "metrics_port (or 0 for none)"))
     return out
+
+
+def _same_listener(a: list | None, b: list) -> bool:
+    """Two metrics endpoints that cannot both bind: one port, and one address or a wildcard."""
+    if not a or not a[1] or not b[1] or a[1] != b[1]:
+        return False
+    return a[0] == b[0] or any(ipaddress.ip_address(x).is_unspecified for x in (a[0], b[0]))
 
 
 def names_taken(cfg: Config) -> list[FieldError]:

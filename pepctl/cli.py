@@ -17,7 +17,7 @@ import traceback
 
 from haproxy import supervise
 
-from . import bypass, checks, hostinfo, plan, service, status
+from . import bypass, checks, exporter, hostinfo, plan, report, service, status
 from . import config as configmod
 from .lock import InstanceLock, LockBusy
 from .names import instance_names
@@ -289,7 +289,16 @@ def cmd_supervise(args, out) -> int:
 
 
 def cmd_keep(args, out) -> int:
-    return service.keep(args.instance_dir, args.journal, args.go_fd)
+    return service.keep(args.instance_dir, args.journal, args.go_fd, args.unit)
+
+
+def cmd_exporter(args, out) -> int:
+    return exporter.serve(args.instance_dir)
+
+
+def cmd_report(args, out) -> int:
+    cfg = configmod.load(args.config)
+    return report.run(args, args.log or instance_names(cfg).experiment_log, out)
 
 
 COMMANDS = {
@@ -299,10 +308,12 @@ COMMANDS = {
     "status": (cmd_status, "report state, what new flows get, HAProxy sessions and datapath counters"),
     "reload": (cmd_reload, "apply a changed proxy config without dropping connections"),
     "bypass": (cmd_bypass, "per-flow bypass rules: add|del|list|sync (new flows only)"),
+    "report": (cmd_report, "the PEP's gain on live traffic: the experiment's treated vs control flows"),
     "supervise": (cmd_supervise, "(run by the supervisor's unit or keeper) supervise HAProxy"),
-    "keep": (cmd_keep, "(run by `up` where there is no systemd) keep the supervisor running"),
+    "exporter": (cmd_exporter, "(run by the exporter's unit or keeper) serve the instance's metrics"),
+    "keep": (cmd_keep, "(run by `up` where there is no systemd) keep the supervisor or the exporter running"),
 }
-NO_CONFIG = ("supervise", "keep")
+NO_CONFIG = ("supervise", "exporter", "keep")
 LOCKING = ("up", "down", "reload", "bypass")
 
 
@@ -332,6 +343,9 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
         if name == "keep":
             p.add_argument("journal", metavar="JOURNAL")
             p.add_argument("--go-fd", type=int, help="start once a byte arrives on this fd (`up` recorded the PID)")
+            p.add_argument("--unit", default=service.SUPERVISOR_UNIT, help="the unit to run (default %(default)s)")
+        if name == "report":
+            report.add_arguments(p)
     args = ap.parse_args(argv)
     args.config = os.path.abspath(args.config)
     if args.command not in ("plan", "supervise") and os.geteuid() != 0:

@@ -72,6 +72,18 @@ class Bypass:
 
 
 @dataclass(frozen=True)
+class Experiment:
+    """The control group (pepctl/experiment.py): a stable, hash-chosen share of subscribers whose
+    flows are bypassed, and the measurement of both groups' flows."""
+    control_fraction: float = 0.0               # 0: no experiment
+    seed: int = 0                               # another seed draws another share of subscribers
+
+    @property
+    def on(self) -> bool:
+        return self.control_fraction > 0
+
+
+@dataclass(frozen=True)
 class Graph:
     name: str
     index: int          # 0-based position among the [[graph]] tables, as in graph[i] error paths
@@ -79,6 +91,7 @@ class Graph:
     origin: Side
     proxy: Proxy
     bypass: Bypass = Bypass()
+    experiment: Experiment = Experiment()
 
 
 @dataclass(frozen=True)
@@ -168,7 +181,9 @@ HOST_DEFAULTS: dict[str, Any] = {
 MOVED_TO_HOST = ("threads", "metrics_port")
 TUNING_KEYS = ("irq_affinity", "rss_symmetric", "sysctls")
 DEFAULTS_KEYS = ("proxy",)
-GRAPH_KEYS = ("name", "access", "origin", "proxy", "bypass")
+GRAPH_KEYS = ("name", "access", "origin", "proxy", "bypass", "experiment")
+EXPERIMENT_KEYS = ("control_fraction", "seed")
+CONTROL_FRACTION_MAX = 0.5    # a control group larger than the treated one is a bypass rule
 BYPASS_KEYS = ("clients", "servers", "ports")
 SIDE_KEYS = ("vlan", "addresses", "prefixes", "gateways", "congctl", "initcwnd")
 PROXY_DEFAULTS: dict[str, Any] = {
@@ -868,6 +883,26 @@ class _Reader:
                 self.error(f"{path}.prefixes[{i}]", str(net), f"not inside this side's subnets and there is "
                            f"no IPv{net.version} gateway to route it to; add one to {path}.gateways")
 
+    # -- the control group --
+
+    def experiment(self, graw: dict, where: str) -> Experiment | Any:
+        path = f"{where}.experiment"
+        raw = self.subtable(graw, where, "experiment", EXPERIMENT_KEYS)
+        if raw is BAD:
+            return BAD
+        fraction = raw.get("control_fraction", 0.0)
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            fraction = self.error(f"{path}.control_fraction", fraction,
+                                  f"must be a number, not {_type_name(fraction)}; e.g. 0.05 for 5% of subscribers")
+        elif not 0 <= fraction <= CONTROL_FRACTION_MAX:
+            fraction = self.error(f"{path}.control_fraction", fraction,
+                                  f"use 0 (no experiment) to {CONTROL_FRACTION_MAX}: the share of subscribers "
+                                  "left unproxied; to bypass more, write a bypass rule")
+        seed = self.get(raw, path, "seed", _INT, 0)
+        if seed is not BAD and not 0 <= seed < 1 << 32:
+            seed = self.error(f"{path}.seed", seed, "use 0-4294967295")
+        return BAD if BAD in (fraction, seed) else Experiment(float(fraction), seed)
+
     # -- bypass --
 
     def bypass(self, graw: dict, where: str) -> Bypass | Any:
@@ -940,7 +975,8 @@ class _Reader:
             origin = self.side(graw, where, "origin")
             proxy = self.proxy(graw, where, defaults)
             bypass = self.bypass(graw, where)
-            parts = [name, i, access, origin, proxy, bypass]
+            experiment = self.experiment(graw, where)
+            parts = [name, i, access, origin, proxy, bypass, experiment]
             out.append(BAD if any(p is BAD for p in parts) else Graph(*parts))
         self.cross_checks(raw)
         return out

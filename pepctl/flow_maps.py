@@ -29,7 +29,7 @@ from . import bpfsys
 
 PROGRAM = "flow_ingress"
 MAPS = ("graphs", "graph_addrs", "bypass_ports", "intercept_ports", "bypass_client4", "bypass_server4",
-        "bypass_client6", "bypass_server6", "flows_new", "flows", "flow_stats")
+        "bypass_client6", "bypass_server6", "flows_new", "flows", "measured", "flow_records", "flow_stats")
 
 COUNTERS = (
     "flows_proxied",
@@ -50,19 +50,23 @@ COUNTERS = (
     "flows_table_full",
     "flows_expired",
     "flows_closed",
+    "flows_bypass_control",
+    "flows_measured",
+    "records_dropped",
 )
 
 GRAPHS_MAX = 2048                                # PEP_GRAPHS_MAX
 IFINDEX_BASE = 0x100000                          # PEP_IFINDEX_BASE
 LOCAL_MARK = 1                                   # PEP_LOCAL_MARK
 SIDE_ACCESS, SIDE_ORIGIN = 1, 2                  # enum flow_side
-VERDICTS = {1: "proxy", 2: "bypass_rule", 3: "bypass_failopen"}   # enum flow_verdict
+VERDICTS = {1: "proxy", 2: "bypass_rule", 3: "bypass_failopen", 4: "bypass_control"}   # enum flow_verdict
 STATES = {1: "syn_seen", 2: "synack_seen"}       # enum flow_state
 GRAPH_F_ENABLED, GRAPH_F_ASSIGN, GRAPH_F_ALL_PORTS, GRAPH_F_ORIGIN_SYNS = 0x1, 0x2, 0x4, 0x8
+GRAPH_F_MEASURE = 0x10
 PORTS = 65536
 
 # Layouts (native byte order, as the kernel stores them; "x" is explicit padding).
-GRAPH_CONFIG = struct.Struct("=IHH")             # flags, listen_port, pad
+GRAPH_CONFIG = struct.Struct("=IHHII")           # flags, listen_port, pad, control_below, control_seed
 PORT_KEY = struct.Struct("=II")                  # graph, port
 ADDR_KEY = struct.Struct("=I16s")                # graph, address (IPv4 as ::ffff:a.b.c.d)
 LPM4_KEY = struct.Struct("=I4s4s")               # prefixlen (32 + plen), graph (BE), address
@@ -157,6 +161,14 @@ def _addr_of(raw: bytes, family: int) -> str:
     return str(ipaddress.IPv4Address(raw[12:]) if family == 4 else ipaddress.IPv6Address(raw))
 
 
+def decode_key(key: bytes) -> dict:
+    """A struct flow_key as a dict: graph slot, subscriber and origin ends."""
+    sub, org, sport, oport, graph, family = FLOW_KEY.unpack(key)
+    return {"graph": graph, "family": family, "subscriber": _addr_of(sub, family),
+            "sub_port": int.from_bytes(sport, "big"), "origin": _addr_of(org, family),
+            "org_port": int.from_bytes(oport, "big")}
+
+
 def decode_flow(key: bytes, value: bytes) -> dict:
     """One entry of flows_new or flows (told apart by the value's size) as a dict."""
     sub, org, sport, oport, graph, family = FLOW_KEY.unpack(key)
@@ -174,10 +186,10 @@ def decode_flow(key: bytes, value: bytes) -> dict:
     return out
 
 
-def graph_config(flags: int, listen_port: int) -> bytes:
+def graph_config(flags: int, listen_port: int, control_below: int = 0, control_seed: int = 0) -> bytes:
     if not 0 <= listen_port < PORTS:
         raise ValueError(f"listen_port {listen_port}: use 0-65535")
-    return GRAPH_CONFIG.pack(flags, listen_port, 0)
+    return GRAPH_CONFIG.pack(flags, listen_port, 0, control_below, control_seed)
 
 
 # -- maps of a pin folder -----------------------------------------------------------------------
@@ -274,14 +286,15 @@ def del_rules(pins: str, graph: int, clients: Iterable[str | Network] = (),
 
 
 def set_graph(pins: str, graph: int, flags: int, listen_port: int, addresses: Iterable[str] = (),
-              intercept: Iterable[tuple[int, int]] = ()) -> None:
-    """Registers graph slot: its flags and listener, its own addresses, the ports it intercepts."""
+              intercept: Iterable[tuple[int, int]] = (), control: tuple[int, int] = (0, 0)) -> None:
+    """Registers graph slot: its flags and listener, its own addresses, the ports it intercepts,
+    its control group (control_below, control_seed)."""
     with open_map(pins, "graph_addrs") as m:
         write_keys(m, [ADDR_KEY.pack(graph, addr16(a)) for a in addresses], PRESENT)
     with open_map(pins, "intercept_ports") as m:
         write_keys(m, port_keys(intercept, graph), PRESENT)
     with open_map(pins, "graphs") as m:
-        m.update(U32.pack(graph), graph_config(flags, listen_port))
+        m.update(U32.pack(graph), graph_config(flags, listen_port, *control))
 
 
 def set_intercept_ports(pins: str, graph: int, old: Iterable[tuple[int, int]],
@@ -293,9 +306,9 @@ def set_intercept_ports(pins: str, graph: int, old: Iterable[tuple[int, int]],
     del_keys(pins, "intercept_ports", sorted(set(port_keys(old, graph)) - set(new_keys)))
 
 
-def set_flags(pins: str, graph: int, flags: int, listen_port: int) -> None:
+def set_flags(pins: str, graph: int, flags: int, listen_port: int, control: tuple[int, int] = (0, 0)) -> None:
     with open_map(pins, "graphs") as m:
-        m.update(U32.pack(graph), graph_config(flags, listen_port))
+        m.update(U32.pack(graph), graph_config(flags, listen_port, *control))
 
 
 def read_graph(pins: str, graph: int) -> tuple[int, int]:

@@ -11,6 +11,9 @@ the lab all find the same things. Every name carries the instance name, so two i
         GRAPH.nft                   nft interception table of a graph (mode nft)
         GRAPH.bypass.rules          live bypass rules of a graph (`pepctl bypass add`)
         keeper.pid, keeper.log      the supervisor's keeper (hosts without systemd, the lab)
+        exporter-keeper.pid, exporter.log   the exporter's keeper, and the exporter's output
+        exporter.pid                the exporter, written once it listens
+        experiment.jsonl[.1]        the experiment's flow records (pepctl/exporter.py)
         proxy/                      owned by the proxy's user: what the supervisor and HAProxy write
             supervisor.pid, supervisor.json, supervisor.log
             haproxy.sock, haproxy.log
@@ -19,7 +22,7 @@ the lab all find the same things. Every name carries the instance name, so two i
     namespace INSTANCE-GRAPH        a graph; inside it c_in (access side), s_in (origin side)
     host links INSTANCEc<vlan>, INSTANCEs<vlan>   the host's ends of c_in and s_in
     nft table pep_INSTANCE          inside a graph's namespace (mode nft)
-    systemd unit pep-supervisor@<run folder, escaped>.service
+    systemd units pep-supervisor@<run folder, escaped>.service, pep-exporter@<the same>.service
     /run/pep-instances/INSTANCE.json   the host's register of running instances (pepctl/checks.py)
 """
 
@@ -42,6 +45,7 @@ TRUNK_PREF = 10        # tc filter preference of trunk_ingress on the NIC
 PORT_PREF = 10         # ... of port_ingress on c_out / s_out
 FLOW_PREF = 20         # ... of flow_ingress on c_in / s_in
 SUPERVISOR_UNIT = "pep-supervisor@.service"
+EXPORTER_UNIT = "pep-exporter@.service"
 REGISTER = "/run/pep-instances"   # one file per instance that is up (or coming up), whatever its run_dir
 
 
@@ -66,6 +70,10 @@ class InstanceNames:
     supervisor_state: str
     supervisor_log: str
     register: str         # REGISTER/INSTANCE.json
+    exporter_keeper_pid: str
+    exporter_pid: str     # written by the exporter once it listens: its readiness
+    exporter_log: str
+    experiment_log: str   # the experiment's flow records, JSON lines (pepctl/experiment.py)
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,10 @@ def instance_names(cfg: Config) -> InstanceNames:
         supervisor_state=sup["state"],
         supervisor_log=sup["supervisor_log"],
         register=os.path.join(REGISTER, f"{inst}.json"),
+        exporter_keeper_pid=os.path.join(d, "exporter-keeper.pid"),
+        exporter_pid=os.path.join(d, "exporter.pid"),
+        exporter_log=os.path.join(d, "exporter.log"),
+        experiment_log=os.path.join(d, "experiment.jsonl"),
     )
 
 
@@ -135,10 +147,10 @@ def stable_mac(instance: str, graph: str, link: str) -> str:
     return ":".join(f"{b:02x}" for b in octets)
 
 
-def supervisor_unit(n: InstanceNames) -> str:
-    """pep-supervisor@<escaped instance folder>.service: `systemd-escape --path` of the folder,
-    which the unit gets back unescaped as %f."""
-    return SUPERVISOR_UNIT.replace("@", "@" + systemd_escape_path(n.dir))
+def supervisor_unit(n: InstanceNames, template: str = SUPERVISOR_UNIT) -> str:
+    """pep-supervisor@<escaped instance folder>.service (or another template's): `systemd-escape
+    --path` of the folder, which the unit gets back unescaped as %f."""
+    return template.replace("@", "@" + systemd_escape_path(n.dir))
 
 
 def systemd_escape_path(path: str) -> str:

@@ -76,41 +76,52 @@ def sysctls_step_call(ns: str | None, pairs: list[tuple[str, str]]) -> Call:
     return Call("sysctls", (ns, [list(p) for p in pairs]), f"{where}sysctl -q -w {words}")
 
 
-# -- sock_diag: which TCP sockets listen ----------------------------------------------------------
+# -- sock_diag: the TCP sockets of a namespace -------------------------------------------------
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
 NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 NLMSG_DONE, NLMSG_ERROR = 3, 2
-TCP_LISTEN = 10
-_NLMSGHDR = struct.Struct("=IHHII")
+TCP_ESTABLISHED, TCP_LISTEN = 1, 10
+NLMSGHDR = struct.Struct("=IHHII")
 # struct inet_diag_req_v2: family, protocol, ext, pad, states, then inet_diag_sockid
 # (sport, dport: big endian; src[4], dst[4]: 16 bytes each; if; cookie[2])
-_REQ = struct.Struct("=BBBxI")
-_SOCKID = struct.Struct(">HH16s16sIQ")
-# struct inet_diag_msg: family, state, timer, retrans, then inet_diag_sockid, ...
-_MSG_HEAD = struct.Struct("=BBBB")
+DIAG_REQ = struct.Struct("=BBBxI")
+SOCKID = struct.Struct(">HH16s16sIQ")
+# struct inet_diag_msg: family, state, timer, retrans, the sockid, expires, rqueue, wqueue, uid,
+# inode (72 bytes); then its attributes (struct rtattr: len, type).
+MSG_HEAD = struct.Struct("=BBBB")
+MSG_SIZE = 72
+RTA = struct.Struct("=HH")
 
 
-def _dump_listeners(family: int) -> list[int]:
+def sock_diag(family: int, states: int, ext: int = 0):
+    """Yields (sockid, {attribute type: bytes}) for each TCP socket of family in states (a bit mask
+    of TCP_* states) in this thread's namespace, asking for the INET_DIAG_* attributes in ext.
+    Closing the generator early stops the dump: the kernel fills one reply at a time, as read."""
     s = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
     try:
-        req = _REQ.pack(family, socket.IPPROTO_TCP, 0, 1 << TCP_LISTEN) + _SOCKID.pack(0, 0, bytes(16), bytes(16),
-                                                                                      0, 0)
-        s.sendto(_NLMSGHDR.pack(_NLMSGHDR.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
+        req = DIAG_REQ.pack(family, socket.IPPROTO_TCP, ext, states) + SOCKID.pack(0, 0, bytes(16), bytes(16), 0, 0)
+        s.sendto(NLMSGHDR.pack(NLMSGHDR.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
                  + req, (0, 0))
-        ports = []
         while True:
             data = s.recv(65536)
             off = 0
-            while off + _NLMSGHDR.size <= len(data):
-                length, kind, _, _, _ = _NLMSGHDR.unpack_from(data, off)
+            while off + NLMSGHDR.size <= len(data):
+                length, kind, _, _, _ = NLMSGHDR.unpack_from(data, off)
                 if kind == NLMSG_DONE:
-                    return ports
+                    return
                 if kind == NLMSG_ERROR:
-                    err = -struct.unpack_from("=i", data, off + _NLMSGHDR.size)[0]
+                    err = -struct.unpack_from("=i", data, off + NLMSGHDR.size)[0]
                     raise OSError(err, f"sock_diag dump: {os.strerror(err)}")
-                body = off + _NLMSGHDR.size + _MSG_HEAD.size
-                ports.append(_SOCKID.unpack_from(data, body)[0])
+                body = off + NLMSGHDR.size
+                attrs, at, end = {}, body + MSG_SIZE, off + length
+                while at + RTA.size <= end:
+                    alen, atype = RTA.unpack_from(data, at)
+                    if alen < RTA.size:
+                        break
+                    attrs[atype] = data[at + RTA.size:at + alen]
+                    at += (alen + 3) & ~3
+                yield SOCKID.unpack_from(data, body + MSG_HEAD.size), attrs
                 off += (length + 3) & ~3
     finally:
         s.close()
@@ -119,5 +130,6 @@ def _dump_listeners(family: int) -> list[int]:
 def listening_ports(ns: str | None) -> set[int]:
     """The TCP ports something listens on in namespace ns, IPv4 or IPv6."""
     def both():
-        return set(_dump_listeners(socket.AF_INET)) | set(_dump_listeners(socket.AF_INET6))
+        return {sockid[0] for family in (socket.AF_INET, socket.AF_INET6)
+                for sockid, _ in sock_diag(family, 1 << TCP_LISTEN)}
     return in_netns(ns, both)

@@ -24,7 +24,7 @@ import socket
 
 from haproxy.render import STATS_ENV, GraphProxy, Process, render
 
-from . import bypass, checks, flow_maps, nsutil, service, steering
+from . import bypass, checks, experiment, flow_maps, nsutil, service, steering
 from .config import Config, ConfigError, FieldError, Graph, Side
 from .hostinfo import HostInfo, maxconn_for
 from .names import (
@@ -173,7 +173,8 @@ def host_steps(cfg: Config, info: HostInfo) -> list[Step]:
 
 
 # What the instance's folders may hold: the undo removes these and nothing else.
-INSTANCE_FILES = ["haproxy.cfg", "haproxy.cfg.new", "*.tmp", "*.nft", "*.bypass.rules", "keeper.pid", "keeper.log"]
+INSTANCE_FILES = ["haproxy.cfg", "haproxy.cfg.new", "*.tmp", "*.nft", "*.bypass.rules", "keeper.pid", "keeper.log",
+                  "exporter-keeper.pid", "exporter.pid", "exporter.log", "experiment.jsonl", "experiment.jsonl.1"]
 PROXY_FILES = ["*.sock", "haproxy.log", "supervisor.pid", "supervisor.json", "supervisor.log", "*.tmp"]
 
 
@@ -247,8 +248,9 @@ def graph_batch(cfg: Config, g: Graph, n: GraphNames) -> str:
     return "\n".join(lines) + "\n"
 
 
-def flow_flags(g: Graph) -> tuple[int, int]:
-    """graph_config of a proxied graph: (flags, listen_port), tc/pep_flow.h."""
+def flow_flags(g: Graph) -> tuple[int, int, tuple[int, int]]:
+    """graph_config of a proxied graph: (flags, listen_port, (control_below, control_seed)),
+    tc/pep_flow.h."""
     p = g.proxy
     flags = flow_maps.GRAPH_F_ENABLED
     if p.interception == "bpf":
@@ -258,23 +260,29 @@ def flow_flags(g: Graph) -> tuple[int, int]:
     if p.one_listener:
         # route mode cannot tell an origin's new flow from a reply by port: access side only.
         flags |= flow_maps.GRAPH_F_ORIGIN_SYNS
-    return flags, (p.listen_port if p.one_listener else 0)
+    control = (0, 0)
+    if g.experiment.on:
+        flags |= flow_maps.GRAPH_F_MEASURE
+        control = (experiment.control_below(g.experiment.control_fraction), g.experiment.seed)
+    return flags, (p.listen_port if p.one_listener else 0), control
 
 
 @action("flow_graph")
-def _flow_graph(pins: str, slot: int, flags: int, listen_port: int, addrs: list, ports: list) -> None:
-    flow_maps.set_graph(pins, slot, flags, listen_port, addrs, [tuple(r) for r in ports])
+def _flow_graph(pins: str, slot: int, flags: int, listen_port: int, addrs: list, ports: list,
+                control: list | None = None) -> None:
+    flow_maps.set_graph(pins, slot, flags, listen_port, addrs, [tuple(r) for r in ports], tuple(control or (0, 0)))
 
 
 def flow_graph_step(cfg: Config, g: Graph, n: GraphNames) -> Step:
     pins = instance_names(cfg).flow_pins
-    flags, listen = flow_flags(g)
+    flags, listen, control = flow_flags(g)
     addrs = [str(a.ip) for s in (g.access, g.origin) for a in s.addresses]
     ports = [list(r) for r in g.proxy.ports or ()]
-    shown = (f"# bpf(2) {pins}/maps: graphs[{n.slot}] = {{flags {flags:#x}, listen_port {listen}}}; "
-             f"graph_addrs += {addrs}; intercept_ports += {ports or 'none (all ports)'}")
+    shown = (f"# bpf(2) {pins}/maps: graphs[{n.slot}] = {{flags {flags:#x}, listen_port {listen}"
+             + (f", control_below {control[0]}, control_seed {control[1]}" if g.experiment.on else "")
+             + f"}}; graph_addrs += {addrs}; intercept_ports += {ports or 'none (all ports)'}")
     return Step(f"register graph {g.name} (slot {n.slot}) in the flow maps",
-                Call("flow_graph", (pins, n.slot, flags, listen, addrs, ports), shown))
+                Call("flow_graph", (pins, n.slot, flags, listen, addrs, ports, list(control)), shown))
 
 
 def flow_attach_batch(pins: str) -> str:
@@ -378,6 +386,20 @@ def haproxy_steps(cfg: Config, info: HostInfo) -> list[Step]:
     ]
 
 
+def exporter_steps(cfg: Config) -> list[Step]:
+    """The metrics endpoint (pepctl/exporter.py), unless metrics_port is 0."""
+    if not cfg.host.metrics_port:
+        return []
+    how = service.backend(cfg.host.supervisor)
+    start, stop = service.exporter_calls(instance_names(cfg), how, cfg.host.metrics_address, cfg.host.metrics_port)
+    return [Step(f"start the metrics exporter on {_host_port(cfg.host.metrics_address, cfg.host.metrics_port)} "
+                 f"({'systemd' if how == 'systemd' else 'pepctl keeper'})", start, undo=stop)]
+
+
+def _host_port(addr: str, port: int) -> str:
+    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
+
+
 def haproxy_check_argv(n, path: str) -> list[str]:
     """`haproxy -c` of a config: it names its stats socket through the environment (the supervisor
     gives each process one of its own), so the check gets the longest such name."""
@@ -390,10 +412,6 @@ def haproxy_config(cfg: Config, info: HostInfo) -> str:
     if cfg.host.threads:
         cpus = [cpus[i % len(cpus)] for i in range(cfg.host.threads)]
     total = cfg.host.maxconn or maxconn_for(info.nofile, len(graphs))
-    metrics = None
-    if cfg.host.metrics_port:
-        addr = cfg.host.metrics_address
-        metrics = f"[{addr}]:{cfg.host.metrics_port}" if ":" in addr else f"{addr}:{cfg.host.metrics_port}"
     proxies = []
     for g in graphs:
         p = g.proxy
@@ -402,8 +420,7 @@ def haproxy_config(cfg: Config, info: HostInfo) -> str:
         proxies.append(GraphProxy(name=graph_names(cfg, g).proxy, netns=graph_names(cfg, g).netns, ports=ports,
                                   mode=p.mode, splice=p.splice, maxconn=min(p.maxconn or total, total),
                                   log_connections=p.log_connections))
-    return render(Process(title=f"instance {cfg.host.instance}", cpus=tuple(cpus), maxconn=total,
-                          metrics=metrics), proxies)
+    return render(Process(title=f"instance {cfg.host.instance}", cpus=tuple(cpus), maxconn=total), proxies)
 
 
 def register_steps(cfg: Config) -> list[Step]:
@@ -448,5 +465,6 @@ def build(cfg: Config, info: HostInfo) -> list[Step]:
         steps += graph_proxy_steps(cfg, g)
     if proxied(cfg):
         steps += haproxy_steps(cfg, info)
+    steps += exporter_steps(cfg)
     steps.append(trunk_attach_step(n.steer_pins, cfg.host.nic))
     return steps

@@ -26,7 +26,7 @@ from .render_nft import render_nft
 from .runner import Journal, StepError, read_pid, run, wait_for, write_file
 
 LIVE_PROXY = {"splice", "mode", "maxconn", "log_connections", "ports", "listen_port"}
-LIVE_HOST = {"threads", "maxconn", "metrics_address", "metrics_port"}
+LIVE_HOST = {"threads", "maxconn"}
 
 
 def structural_changes(old: Config, new: Config) -> list[FieldError]:
@@ -86,10 +86,10 @@ def reload(cfg: Config, info: HostInfo, journal: Journal, config_text: str, dige
         if g.proxy.interception == "nft":
             write_file(gn.nft_file, render_nft(g, table=gn.nft_table, mark=flow_maps.LOCAL_MARK))
             run(in_netns(gn.netns, ["nft", "-f", gn.nft_file]))
-        flags, listen = flow_flags(g)
+        flags, listen, control = flow_flags(g)
         # New ports first, then the flags: a port is never left neither intercepted nor routed.
         flow_maps.set_intercept_ports(n.flow_pins, gn.slot, o.proxy.ports or (), g.proxy.ports or ())
-        flow_maps.set_flags(n.flow_pins, gn.slot, flags, listen)
+        flow_maps.set_flags(n.flow_pins, gn.slot, flags, listen, control)
         added, removed = bypass.sync(cfg, g, bypass.config_rules(o.bypass))
         print(f"  graph {g.name}: flow maps updated; {added} bypass rule(s) installed, {removed} removed", file=out)
     if proxied:

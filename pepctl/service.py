@@ -1,8 +1,9 @@
-"""Starting and stopping an instance's proxy supervisor, under systemd or under pepctl's keeper.
+"""Starting and stopping an instance's services, under systemd or under pepctl's keeper.
 
-The supervisor (haproxy/supervise.py) is described once, by its systemd unit
-etc/systemd/pep-supervisor@.service: who it runs as, with which capabilities, how it is
-restarted. On a host run by systemd, `up` starts that unit and systemd does the rest. Where
+Two services per instance, each described once by its systemd unit: the proxy's supervisor
+(haproxy/supervise.py, etc/systemd/pep-supervisor@.service) and the metrics exporter
+(pepctl/exporter.py, etc/systemd/pep-exporter@.service): who each runs as, with which
+capabilities, how it is restarted. On a host run by systemd, `up` starts that unit and systemd does the rest. Where
 there is no systemd (the lab, containers), `up` starts pepctl's keeper, which reads the same
 unit and does what systemd would for it:
 
@@ -13,7 +14,7 @@ unit and does what systemd would for it:
     HAProxy that kept running;
   - a child subreaper, so an orphaned HAProxy is reaped, as systemd's cgroup would.
 
-The keeper exits when the instance's journal is gone (the instance was taken down), so a
+One keeper per service. The keeper exits when the instance's journal is gone (the instance was taken down), so a
 keeper that `down` could not find stops by itself at its next restart.
 """
 
@@ -29,11 +30,13 @@ import time
 
 from haproxy.supervise import haproxy_pids, is_our_haproxy, read_state
 
-from .names import SUPERVISOR_UNIT, InstanceNames, supervisor_unit
-from .runner import Call, StepError, action, pid_alive, read_pid, run, stop_pid
+from .names import EXPORTER_UNIT, SUPERVISOR_UNIT, InstanceNames, supervisor_unit
+from .runner import Call, StepError, action, pid_alive, read_pid, remove_file, run, stop_pid
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-UNIT_FILE = os.path.join(REPO, "etc", "systemd", SUPERVISOR_UNIT)
+UNITS_DIR = os.path.join(REPO, "etc", "systemd")
+UNIT_FILE = os.path.join(UNITS_DIR, SUPERVISOR_UNIT)
+EXPORTER_READY_TIMEOUT = 30.0
 INSTALLED_AT = "/opt/pep"        # where the unit files expect the checkout
 PEPCTL = os.path.join(REPO, "scripts", "pepctl")
 PR_SET_CHILD_SUBREAPER = 36
@@ -100,8 +103,9 @@ def _runs(pid: int, *words: str) -> bool:
 
 
 # -- the keeper -----------------------------------------------------------------------------------
-def keep(instance_dir: str, journal: str, go_fd: int | None = None) -> int:
-    """Run the supervisor as its unit says, and again whenever it exits, until told to stop.
+def keep(instance_dir: str, journal: str, go_fd: int | None = None, unit_name: str = SUPERVISOR_UNIT) -> int:
+    """Run the unit's service (the supervisor, or the exporter) as its unit says, and again whenever
+    it exits, until told to stop.
 
     go_fd: `up` writes one byte on it once it has recorded this keeper's PID; if `up` dies first,
     the pipe closes empty and the keeper exits before starting anything: every process `up`
@@ -112,7 +116,10 @@ def keep(instance_dir: str, journal: str, go_fd: int | None = None) -> int:
         if not go:
             print("keeper: `pepctl up` died before recording this keeper; exiting", flush=True)
             return 0
-    unit = read_unit()
+    if unit_name not in (SUPERVISOR_UNIT, EXPORTER_UNIT):
+        print(f"keeper: unknown unit {unit_name}; use {SUPERVISOR_UNIT} or {EXPORTER_UNIT}", flush=True)
+        return 2
+    unit = read_unit(os.path.join(UNITS_DIR, unit_name))
     argv = supervisor_argv(unit, instance_dir)
     delay = _seconds(unit_value(unit, "RestartSec", "100ms"))
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -146,7 +153,7 @@ def keep(instance_dir: str, journal: str, go_fd: int | None = None) -> int:
                 break
         if stopping:
             break
-        log(f"supervisor pid {child.pid} exited ({child.returncode}); restarting in {delay:g}s")
+        log(f"{unit_name} pid {child.pid} exited ({child.returncode}); restarting in {delay:g}s")
         time.sleep(delay)
     # Reap what is left (a HAProxy the stopped supervisor was stopping).
     try:
@@ -177,22 +184,88 @@ def start_call(n: InstanceNames, how: str) -> tuple[Call, Call]:
     return start, stop
 
 
+def exporter_calls(n: InstanceNames, how: str, address: str, port: int) -> tuple[Call, Call]:
+    unit = supervisor_unit(n, EXPORTER_UNIT)
+    shown = f"systemctl start {unit}" if how == "systemd" else \
+        f"{PEPCTL} keep {n.dir} {n.journal} --unit {EXPORTER_UNIT} >{n.exporter_log} 2>&1 &   # pid -> " \
+        f"{n.exporter_keeper_pid}"
+    start = Call("start_exporter", (how, n.dir, n.journal, n.exporter_keeper_pid, n.exporter_pid, n.exporter_log, unit,
+                                    address, port), shown)
+    stop = Call("stop_exporter", (how, n.dir, n.exporter_keeper_pid, n.exporter_pid, unit), f"stop {unit}")
+    return start, stop
+
+
+def _start_keeper(instance_dir: str, journal: str, pid_file: str, log_file: str, unit_name: str) -> None:
+    """A keeper of unit_name, its PID recorded before it may start anything."""
+    go_r, go_w = os.pipe()
+    with open(log_file, "ab") as logf:
+        proc = subprocess.Popen([PEPCTL, "keep", instance_dir, journal, "--go-fd", str(go_r), "--unit", unit_name],
+                                stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
+                                pass_fds=(go_r,))
+    os.close(go_r)
+    with open(pid_file, "w") as f:
+        f.write(f"{proc.pid}\n")
+    os.write(go_w, b"!")   # recorded: the keeper may start its service
+    os.close(go_w)
+
+
+def _tail(*paths: str) -> str:
+    out = ""
+    for path in paths:
+        try:
+            with open(path, errors="replace") as f:
+                out += f"\n--- {path}:\n" + f.read()[-1500:]
+        except OSError:
+            pass
+    return out
+
+
+def _stop_keeper(how: str, unit: str, keeper_pid: str, instance_dir: str, unit_name: str, grace: float) -> None:
+    """systemctl stop the unit, or stop its keeper by its recorded PID if that PID still runs it."""
+    if how == "systemd":
+        run(["systemctl", "stop", unit], check=False)
+        return
+    pid = read_pid(keeper_pid)
+    if pid and _runs(pid, "keep", instance_dir, unit_name):
+        stop_pid(pid, grace=grace)
+
+
+@action("start_exporter")
+def start_exporter(how: str, instance_dir: str, journal: str, keeper_pid: str, exporter_pid: str, log_file: str,
+                   unit: str, address: str, port: int) -> None:
+    """Starts the exporter and waits until it says it listens: it writes its PID once bound."""
+    remove_file(exporter_pid)
+    if how == "systemd":
+        run(["systemctl", "start", unit])
+    else:
+        _start_keeper(instance_dir, journal, keeper_pid, log_file, EXPORTER_UNIT)
+    deadline = time.monotonic() + EXPORTER_READY_TIMEOUT
+    while not ((pid := read_pid(exporter_pid)) and _runs(pid, "exporter", instance_dir)):
+        if time.monotonic() > deadline:
+            raise StepError(f"the metrics exporter did not listen on {address} port {port} within "
+                            f"{EXPORTER_READY_TIMEOUT:g}s; is the port taken? Change [host] metrics_port, or set it "
+                            f"to 0 for no exporter{_tail(log_file)}")
+        time.sleep(0.05)
+
+
+@action("stop_exporter")
+def stop_exporter(how: str, instance_dir: str, keeper_pid: str, exporter_pid: str, unit: str) -> None:
+    """Stops the keeper (or the unit), then the exporter if it is still there, each by its recorded PID."""
+    _stop_keeper(how, unit, keeper_pid, instance_dir, EXPORTER_UNIT, grace=10)
+    pid = read_pid(exporter_pid)
+    if pid and _runs(pid, "exporter", instance_dir):
+        stop_pid(pid, grace=5)
+    remove_file(keeper_pid)
+    remove_file(exporter_pid)
+
+
 @action("start_supervisor")
 def start_supervisor(how: str, instance_dir: str, journal: str, keeper_pid: str, keeper_log: str,
                      state_path: str, haproxy_log: str, unit: str) -> None:
     if how == "systemd":
         run(["systemctl", "start", unit])
     else:
-        go_r, go_w = os.pipe()
-        with open(keeper_log, "ab") as logf:
-            proc = subprocess.Popen([PEPCTL, "keep", instance_dir, journal, "--go-fd", str(go_r)],
-                                    stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
-                                    pass_fds=(go_r,))
-        os.close(go_r)
-        with open(keeper_pid, "w") as f:
-            f.write(f"{proc.pid}\n")
-        os.write(go_w, b"!")   # recorded: the keeper may start the supervisor
-        os.close(go_w)
+        _start_keeper(instance_dir, journal, keeper_pid, keeper_log, SUPERVISOR_UNIT)
 
     def ready() -> bool:
         state = read_state(state_path)
@@ -201,14 +274,8 @@ def start_supervisor(how: str, instance_dir: str, journal: str, keeper_pid: str,
     deadline = time.monotonic() + READY_TIMEOUT
     while not ready():
         if time.monotonic() > deadline:
-            tail = ""
-            for path in (keeper_log, haproxy_log):
-                try:
-                    with open(path, errors="replace") as f:
-                        tail += f"\n--- {path}:\n" + f.read()[-1500:]
-                except OSError:
-                    pass
-            raise StepError(f"the proxy supervisor did not report HAProxy up within {READY_TIMEOUT:g}s{tail}")
+            raise StepError(f"the proxy supervisor did not report HAProxy up within {READY_TIMEOUT:g}s"
+                            f"{_tail(keeper_log, haproxy_log)}")
         time.sleep(0.05)
 
 
@@ -217,12 +284,7 @@ def stop_supervisor(how: str, instance_dir: str, keeper_pid: str, supervisor_pid
                     unit: str) -> None:
     """Stops the keeper (or the unit), then whatever of the supervisor and HAProxy is left, each by
     its recorded PID and only if that PID still runs what we started."""
-    if how == "systemd":
-        run(["systemctl", "stop", unit], check=False)
-    else:
-        pid = read_pid(keeper_pid)
-        if pid and _runs(pid, "keep", instance_dir):
-            stop_pid(pid, grace=15)
+    _stop_keeper(how, unit, keeper_pid, instance_dir, SUPERVISOR_UNIT, grace=15)
     pid = read_pid(supervisor_pid)
     if pid and _runs(pid, "supervise", instance_dir):
         stop_pid(pid, grace=10)
@@ -230,10 +292,7 @@ def stop_supervisor(how: str, instance_dir: str, keeper_pid: str, supervisor_pid
     for pid in haproxy_pids(read_state(state_path)):
         if is_our_haproxy(pid, cfg):
             stop_pid(pid, grace=5)
-    try:
-        os.unlink(keeper_pid)
-    except FileNotFoundError:
-        pass
+    remove_file(keeper_pid)
 
 
 def processes(n: InstanceNames) -> dict:
@@ -243,7 +302,7 @@ def processes(n: InstanceNames) -> dict:
     sup = read_pid(n.supervisor_pid)
     cfg = n.haproxy_cfg
     return {
-        "keeper": {"pid": keeper, "running": bool(keeper and _runs(keeper, "keep", n.dir))},
+        "keeper": {"pid": keeper, "running": bool(keeper and _runs(keeper, "keep", n.dir, SUPERVISOR_UNIT))},
         "supervisor": {"pid": sup, "running": bool(sup and _runs(sup, "supervise", n.dir))},
         "haproxy": {"pid": state.get("haproxy"),
                     "running": bool(state.get("haproxy") and is_our_haproxy(state["haproxy"], cfg)),

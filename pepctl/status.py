@@ -118,6 +118,7 @@ def collect(cfg: Config) -> dict:
             entry["proxy"].update(graph_mode(cfg, g))
             entry["proxy"]["haproxy"] = hap.get(gn.proxy, {}) if "error" not in hap else hap
             entry["flows"] = _safe(bypass.counters, cfg, g)
+            entry["experiment"] = {"control_fraction": g.experiment.control_fraction, "seed": g.experiment.seed}
         report["graphs"].append(entry)
     report["trunk"] = {"nic": _safe(nic_counters, cfg.host.nic),
                        "reasons": _safe(steering.reason_counters, n.steer_pins)}
@@ -173,6 +174,11 @@ def print_table(report: dict, out) -> None:
             print(f"  {g['name']:<12} flows proxied {f['flows_proxied']}, bypassed by rule {f['flows_bypass_rule']}, "
                   f"by fail-open {f['flows_bypass_failopen']}, not intercepted {f['flows_not_intercepted']}, "
                   f"to the PEP itself (dropped) {f['syn_to_self']}", file=out)
+            x = g["experiment"]
+            if x["control_fraction"]:
+                print(f"  {g['name']:<12} experiment: control group {x['control_fraction']:.0%} of subscribers; flows "
+                      f"bypassed as control {f['flows_bypass_control']}, measured {f['flows_measured']}, records "
+                      f"lost {f['records_dropped']} (pepctl report)", file=out)
     trunk = report.get("trunk", {})
     nic, reasons = trunk.get("nic", {}), trunk.get("reasons", {})
     if "error" not in nic:

@@ -11,6 +11,7 @@
  *   1 to the graph's own addresses  TC_ACT_SHOT (syn_to_self)
  *   2 port or direction not ours    TC_ACT_OK, not remembered (flows_not_intercepted)
  *   3 a bypass rule matches         BYPASS_RULE: remembered, forwarded here
+ *  3b a control-group subscriber    BYPASS_CONTROL: remembered, forwarded here
  *   4 no proxy listener, or (mode   BYPASS_FAILOPEN: remembered, forwarded here
  *     bpf) the hand-over refused
  *   5 otherwise                     PROXY: TC_ACT_OK (mode bpf: handed to the
@@ -20,7 +21,8 @@
  * life (flow_table.h keeps them). With GRAPH_F_ASSIGN, segments of no
  * remembered flow go to their own socket, or with a valid SYN cookie to the
  * listener (flow_sock.h). Everything else goes to the stack untouched.
- * The contract, counters included, is pep_flow.h.
+ * While a graph's experiment is on, flow_measure.h measures the access
+ * side's flows of both groups. The contract, counters included, is pep_flow.h.
  */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
@@ -30,6 +32,7 @@
 #include "pep_flow.h"
 #include "flow_fwd.h"
 #include "flow_maps.h"
+#include "flow_measure.h"
 #include "flow_parse.h"
 #include "flow_sock.h"
 #include "flow_table.h"
@@ -58,6 +61,8 @@ static __always_inline int where_from(__u32 ifindex, struct where *w)
 		return -1;
 	w->flags = g->flags;
 	w->listen_port = g->listen_port;
+	w->control_below = g->control_below;
+	w->control_seed = g->control_seed;
 	return 0;
 }
 
@@ -153,6 +158,15 @@ static __always_inline __u32 to_proxy(struct __sk_buff *skb, const struct tcp_pk
 	return verdict;
 }
 
+static __always_inline __u32 verdict_counter(__u32 verdict)
+{
+	if (verdict == VERDICT_BYPASS_RULE)
+		return CNT_FLOWS_BYPASS_RULE;
+	if (verdict == VERDICT_BYPASS_CONTROL)
+		return CNT_FLOWS_BYPASS_CONTROL;
+	return CNT_FLOWS_BYPASS_FAILOPEN;
+}
+
 /* A first SYN of no remembered flow: decided here and now. */
 static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
 				      const struct flow_key *k)
@@ -167,11 +181,20 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 	}
 	if (!intercepted(w, p))
 		return pass(w, CNT_FLOWS_NOT_INTERCEPTED);
-	verdict = rule_hit(k, w, p) ? VERDICT_BYPASS_RULE : to_proxy(skb, p, w);
-	if (verdict == VERDICT_PROXY)
+	if (rule_hit(k, w, p))
+		verdict = VERDICT_BYPASS_RULE;
+	else if (in_control(k, w))
+		verdict = VERDICT_BYPASS_CONTROL;
+	else
+		verdict = to_proxy(skb, p, w);
+	if (verdict == VERDICT_PROXY) {
+		measure_start(k, p, w, GROUP_TREATED);
 		return TC_ACT_OK;
+	}
 	remember(k, p, w, verdict);
-	count(w->slot, verdict == VERDICT_BYPASS_RULE ? CNT_FLOWS_BYPASS_RULE : CNT_FLOWS_BYPASS_FAILOPEN);
+	if (verdict == VERDICT_BYPASS_CONTROL)
+		measure_start(k, p, w, GROUP_CONTROL);
+	count(w->slot, verdict_counter(verdict));
 	return forward(skb, p, w->slot);
 }
 
@@ -265,6 +288,8 @@ static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const
 	struct flow_est *e;
 	struct flow_new *n;
 
+	if (measuring(w))
+		measure(k, p, w);
 	if ((w->flags & GRAPH_F_ASSIGN) && !to_own_socket(skb, p, w))
 		return TC_ACT_OK;
 	e = bpf_map_lookup_elem(&flows, k);

@@ -102,6 +102,19 @@ struct {
 } flows SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MEASURED_MAX);
+	__type(key, struct flow_key);
+	__type(value, struct flow_meas);
+} measured SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_QUEUE);
+	__uint(max_entries, RECORDS_MAX);
+	__type(value, struct flow_record);
+} flow_records SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, PEP_GRAPHS_MAX * CNT_MAX);
 	__type(key, __u32);                  /* graph slot * CNT_MAX + enum flow_counter */

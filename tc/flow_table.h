@@ -32,6 +32,8 @@ struct where {
 	__u32 side;          /* enum flow_side */
 	__u32 flags;         /* GRAPH_F_* of the graph */
 	__u16 listen_port;   /* host order */
+	__u32 control_below; /* the graph's experiment (struct graph_config) */
+	__u32 control_seed;
 };
 
 /* The flow as the subscriber sees it: on the access side the subscriber

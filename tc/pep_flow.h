@@ -27,6 +27,8 @@
  *   3. a bypass rule matches (client / server prefix, destination port:
  *      bypass_client4/6, bypass_server4/6, bypass_ports):
  *      BYPASS_RULE;
+ *   3b. opened from the access side by a subscriber of the control group
+ *      (client_hash(subscriber, control_seed) < control_below): BYPASS_CONTROL;
  *   4. no proxy socket listens for it (the graph's listen_port, or the SYN's
  *      own port when listen_port is 0): BYPASS_FAILOPEN. This is the fail-open:
  *      the moment HAProxy dies its listeners are gone, and new flows are
@@ -36,7 +38,7 @@
  *      which one policy rule routes to the local table; a failed hand-over
  *      makes the flow BYPASS_FAILOPEN (assign_failed). Without it (modes nft
  *      and route) the stack's own interception takes the SYN.
- * Bypassed flows (verdicts 2 and 3) are remembered and forwarded at L3 by
+ * Bypassed flows (verdicts 3, 3b and 4) are remembered and forwarded at L3 by
  * this program for their whole life, whatever the rules or the proxy do
  * later. Proxied flows are not remembered: they are known by their sockets.
  * With GRAPH_F_ASSIGN every later packet whose socket exists (bpf_skc_lookup_tcp)
@@ -85,15 +87,18 @@ enum flow_side {
 
 /* graphs: ARRAY[PEP_GRAPHS_MAX] indexed by graph slot. */
 struct graph_config {
-	__u32 flags;        /* GRAPH_F_* */
-	__u16 listen_port;  /* host order: the proxy's listener for new flows; 0: the SYN's own port */
+	__u32 flags;          /* GRAPH_F_* */
+	__u16 listen_port;    /* host order: the proxy's listener for new flows; 0: the SYN's own port */
 	__u16 pad;
+	__u32 control_below;  /* the control group: clients whose client_hash() is below; 0: none */
+	__u32 control_seed;   /* the seed of client_hash(): another seed draws another share */
 };
 
 #define GRAPH_F_ENABLED     0x1  /* the slot is in use */
 #define GRAPH_F_ASSIGN      0x2  /* interception mode bpf: hand proxied flows to their sockets */
 #define GRAPH_F_ALL_PORTS   0x4  /* every TCP port is intercepted; else those in intercept_ports */
 #define GRAPH_F_ORIGIN_SYNS 0x8  /* flows opened from the origin side are intercepted too */
+#define GRAPH_F_MEASURE     0x10 /* the experiment is on: measure access-side flows of both groups */
 
 /* bypass_ports, intercept_ports: HASH port_key -> __u32 (non-zero: present).
  * bypass_ports: SYNs to that port are bypassed (a rule). intercept_ports:
@@ -141,6 +146,7 @@ enum flow_verdict {
 	VERDICT_PROXY = 1,
 	VERDICT_BYPASS_RULE = 2,
 	VERDICT_BYPASS_FAILOPEN = 3,
+	VERDICT_BYPASS_CONTROL = 4,   /* the subscriber is in the control group */
 };
 
 enum flow_state {
@@ -195,7 +201,81 @@ enum flow_counter {
 	CNT_FLOWS_TABLE_FULL,       /* promotions refused: `flows` full (pressure) */
 	CNT_FLOWS_EXPIRED,          /* `flows` entries removed idle for FLOW_IDLE_NS */
 	CNT_FLOWS_CLOSED,           /* `flows` entries removed FLOW_LINGER_NS after RST / both FINs */
+	CNT_FLOWS_BYPASS_CONTROL,   /* first SYNs decided BYPASS_CONTROL (the control group) */
+	CNT_FLOWS_MEASURED,         /* flows measured for the experiment (GRAPH_F_MEASURE) */
+	CNT_RECORDS_DROPPED,        /* measured flows' records lost: flow_records full (nobody pops it) */
 	CNT_MAX
 };
+
+/* The experiment (GRAPH_F_MEASURE): every flow opened from the access side
+ * and decided PROXY (group treated) or BYPASS_CONTROL (group control) is
+ * measured as the subscriber sees it, from the packets it sends (c_in's
+ * ingress): from its first SYN to the last ACK that acknowledged new data,
+ * the bytes it acknowledged (download) and the bytes it sent (upload). When
+ * the subscriber ends the flow (FIN or RST), a flow_record is pushed on
+ * flow_records and the entry leaves `measured`. pepctl's exporter pops them
+ * (pepctl/experiment.py follows these layouts). */
+#define MEASURED_MAX 65536           /* LRU, preallocated: flows in measurement at once; a flow that never ends is forgotten, not leaked */
+#define RECORDS_MAX 65536            /* flow_records: QUEUE, popped by the exporter every second */
+
+enum flow_group {
+	GROUP_TREATED = 1,   /* proxied */
+	GROUP_CONTROL = 2,   /* bypassed: end-to-end */
+};
+
+enum flow_end {
+	END_FIN = 1,
+	END_RST = 2,
+};
+
+/* measured: LRU_HASH flow_key -> flow_meas. */
+struct flow_meas {
+	__u64 start_ns;       /* the first SYN */
+	__u64 last_ack_ns;    /* the last ACK that acknowledged new data */
+	__u32 syn_seq;        /* the subscriber's ISN */
+	__u32 ack_base;       /* its first ACK number: the other end's ISN + 1 */
+	__u32 ack_max;        /* its highest ACK number since */
+	__u32 seq_max;        /* the end of the highest data it sent */
+	__u8 group;           /* enum flow_group */
+	__u8 acked;           /* ack_base is set */
+	__u8 pad[6];
+};
+
+/* flow_records: QUEUE of flow_record. */
+struct flow_record {
+	struct flow_key key;
+	__u64 start_ns;
+	__u64 last_ack_ns;
+	__u64 bytes_down;     /* ack_max - ack_base */
+	__u64 bytes_up;       /* seq_max - syn_seq - 1 */
+	__u8 group;           /* enum flow_group */
+	__u8 closed_by;       /* enum flow_end */
+	__u8 pad[6];
+};
+
+/* The control group's draw: a subscriber's address (IPv4 as ::ffff:a.b.c.d)
+ * as four 32-bit words in memory order, folded with murmur3's finaliser.
+ * Keyed by the address alone, so a subscriber stays in one group. */
+static __always_inline __u32 fmix32(__u32 h)
+{
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+static __always_inline __u32 client_hash(const __u8 *addr, __u32 seed)
+{
+	__u32 h = seed ^ 0x9e3779b9, w;
+	int i;
+
+	for (i = 0; i < 4; i++) {
+		__builtin_memcpy(&w, addr + 4 * i, 4);
+		h = fmix32(h ^ w);
+	}
+	return h;
+}
 
 #endif /* PEP_FLOW_H */

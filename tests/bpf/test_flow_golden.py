@@ -53,7 +53,7 @@ from scapy.layers.inet6 import ICMPv6EchoRequest, IPv6, IPv6ExtHdrHopByHop
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Packet, Raw
 
-from pepctl import bpfsys
+from pepctl import bpfsys, experiment
 from pepctl import flow_maps as fm
 
 NAME_PREFIX = "pfl"   # names of the pins and namespace (tests/bpf/conftest.py)
@@ -744,10 +744,11 @@ class FlowDatapath:
         """What every case starts from: no rule, no flow, slots 0 and 1 as G0 and G1, slot 2 unset,
         the two graph listeners open and no other."""
         for name in ("bypass_client4", "bypass_server4", "bypass_client6", "bypass_server6", "bypass_ports",
-                     "intercept_ports", "graph_addrs", "flows_new", "flows"):
+                     "intercept_ports", "graph_addrs", "flows_new", "flows", "measured"):
             with fm.open_map(self.pins, name) as m:
                 for key in list(m.keys()):
                     m.delete(key, missing_ok=True)
+        self.records()
         fm.set_graph(self.pins, 0, **G0)
         fm.set_graph(self.pins, 1, **G1)
         fm.set_flags(self.pins, 2, 0, 0)
@@ -755,6 +756,14 @@ class FlowDatapath:
             self.unlisten(port)
         self.listen(LPORT0)
         self.listen(LPORT1)
+
+    def records(self) -> list[dict]:
+        """The experiment's flow records waiting on flow_records, taken off it."""
+        out = []
+        with fm.open_map(self.pins, "flow_records") as q:
+            while (raw := q.pop()) is not None:
+                out.append(experiment.decode_record(raw, 0.0, {0: "g0", 1: "g1"}))
+        return out
 
     def flow(self, f: Flow) -> dict | None:
         """f's entry as decode_flow gives it (from flows_new or flows); None when in neither. An
@@ -922,6 +931,49 @@ def test_last_seen_refresh(flowdp):
     assert later > seen + 1_000_000_000, f"last_seen_ns {seen} -> {later} after 1.1 s"
 
 
+def _seed_parting(a: str, b: str, fraction: float) -> int:
+    """A seed that puts a in the control group and b in the treated one."""
+    return next(seed for seed in range(10000) if experiment.group_of(a, fraction, seed) == "control"
+                and experiment.group_of(b, fraction, seed) == "treated")
+
+
+def test_control_group_and_measurement(flowdp):
+    """With the experiment on, a control-group subscriber's SYN is bypassed (bypass_control) and a
+    treated one's proxied; both flows are measured from the subscriber's segments, and each leaves a
+    record when the subscriber ends it: bytes it acknowledged (down) and sent (up), its group, how
+    it ended."""
+    seed = _seed_parting(CLIENT, CLIENT2, 0.5)
+    fm.set_graph(flowdp.pins, 0, **{**G0, "flags": G0["flags"] | fm.GRAPH_F_MEASURE},
+                 control=(experiment.control_below(0.5), seed))
+    before = flowdp.counters()[0]
+    try:
+        assert flowdp.run("access", bytes(syn(40070))).retval == TC_ACT_REDIRECT, "control: forwarded here"
+        assert flowdp.flow(Flow(CLIENT, 40070, SERVER, 80, "flows_new"))["verdict"] == "bypass_control"
+        assert flowdp.run("access", bytes(syn(40071, src=CLIENT2))).retval == TC_ACT_OK, "treated: to the proxy"
+        # treated: handshake ACK, a 100-byte request, 3000 bytes acknowledged, FIN
+        for seg in (ack(40071, src=CLIENT2), ack(40071, src=CLIENT2, flags="PA") / (b"r" * 100),
+                    ack(40071, src=CLIENT2, seq=1101, ack=8001), ack(40071, src=CLIENT2, flags="FA", seq=1101,
+                                                                     ack=8001)):
+            flowdp.run("access", bytes(seg))
+        # control: the origin answers, the subscriber acknowledges, then resets
+        flowdp.run("origin", bytes(reply(80, 40070)))
+        flowdp.run("access", bytes(ack(40070)))
+        flowdp.run("access", bytes(ack(40070, flags="R", seq=1001, ack=0)))
+        got = sorted(flowdp.records(), key=lambda r: r["group"])
+        after = flowdp.counters()[0]
+    finally:
+        flowdp.reset()
+    picked = [{k: r[k] for k in ("group", "client", "server_port", "bytes_down", "bytes_up", "closed_by")}
+              for r in got]
+    assert picked == [
+        {"group": "control", "client": CLIENT, "server_port": 80, "bytes_down": 0, "bytes_up": 0, "closed_by": "rst"},
+        {"group": "treated", "client": CLIENT2, "server_port": 80, "bytes_down": 3000, "bytes_up": 100,
+         "closed_by": "fin"}], f"flow records: {got}"
+    assert all(r["seconds"] >= 0 for r in got), got
+    moved = {k: after[k] - before[k] for k in ("flows_bypass_control", "flows_measured", "records_dropped")}
+    assert moved == {"flows_bypass_control": 1, "flows_measured": 2, "records_dropped": 0}, moved
+
+
 def _map_flags(m: bpfsys.Map) -> int:
     with open(f"/proc/self/fdinfo/{m.fd}") as f:
         return int(dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)["map_flags"], 16)
@@ -929,7 +981,7 @@ def _map_flags(m: bpfsys.Map) -> int:
 
 def test_maps_match_contract(flowdp):
     """Shapes pepctl relies on: type, key and value size, max entries, flags of every pinned map."""
-    hash_, array, percpu_array, lru, lpm, no_prealloc = 1, 2, 6, 9, 11, 1
+    hash_, array, percpu_array, lru, lpm, queue, no_prealloc = 1, 2, 6, 9, 11, 22, 1
     want = {  # map: (type, key size, value size, max entries, flags)
         "graphs": (array, 4, fm.GRAPH_CONFIG.size, fm.GRAPHS_MAX, 0),
         "graph_addrs": (hash_, fm.ADDR_KEY.size, 4, 65536, no_prealloc),
@@ -941,6 +993,8 @@ def test_maps_match_contract(flowdp):
         "bypass_server6": (lpm, fm.LPM6_KEY.size, 4, 1048576, no_prealloc),
         "flows_new": (lru, fm.FLOW_KEY.size, fm.FLOW_NEW.size, 262144, 0),
         "flows": (hash_, fm.FLOW_KEY.size, fm.FLOW_EST.size, 1048576, no_prealloc),
+        "measured": (lru, fm.FLOW_KEY.size, 40, 65536, 0),
+        "flow_records": (queue, 0, experiment.FLOW_RECORD.size, 65536, 0),
         "flow_stats": (percpu_array, 4, 8, fm.GRAPHS_MAX * len(fm.COUNTERS), 0),
     }
     got = {}

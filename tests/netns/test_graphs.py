@@ -42,7 +42,7 @@ def test_one_proxy_serves_every_graph(lab):
     procs = st["proxy"]
     assert procs["haproxy"]["running"] and procs["supervisor"]["running"], procs
     frontends = sorted(r["pxname"] for r in stats.stats(haproxy_sock(lab)) if r["svname"] == "FRONTEND")
-    want = sorted([f"graph_{g}" for g in GRAPHS] + ["metrics"])
+    want = sorted(f"graph_{g}" for g in GRAPHS)
     assert frontends == want, f"HAProxy frontends: expected {want}, got {frontends}"
     for g in GRAPHS:
         ports = nsutil.listening_ports(f"pl{lab.rid}-{g}")

@@ -49,12 +49,15 @@ def nic_filters(host) -> list[dict]:
 
 
 def kinds(cmdlines: list[str]) -> list[str]:
-    """keeper / supervisor / haproxy for each of the instance's process command lines."""
+    """haproxy / supervisor / exporter / keeper of which unit, for each of the instance's process
+    command lines."""
     out = []
     for cmd in cmdlines:
-        argv0 = cmd.split()[0].rsplit("/", 1)[-1]
-        out.append("haproxy" if argv0 == "haproxy" else "supervisor" if " supervise " in f" {cmd} "
-                   else "keeper" if " keep " in f" {cmd} " else f"unknown: {cmd}")
+        argv0, padded = cmd.split()[0].rsplit("/", 1)[-1], f" {cmd} "
+        out.append("haproxy" if argv0 == "haproxy" else "supervisor" if " supervise " in padded
+                   else "exporter" if " exporter " in padded
+                   else f"keeper {cmd.split('--unit ')[-1].split('@')[0]}" if " keep " in padded
+                   else f"unknown: {cmd}")
     return sorted(out)
 
 
@@ -76,11 +79,12 @@ def test_up_twice_then_down_leaves_nothing(host):
 def check_up_twice(host, conf):
     mid = host.snapshot()
     assert mid["netns"] == [f"{host.inst}-g1", f"{host.inst}-g2"], mid["netns"]
-    # One proxy for every graph: one keeper, one supervisor, one HAProxy for the two graphs.
+    # One proxy for every graph: one supervisor, one HAProxy for the two graphs; one exporter; a
+    # keeper for each of the two services.
     got = kinds(mid["processes"])
-    assert got == ["haproxy", "keeper", "supervisor"], \
-        f"host {host.ns}: processes of a 2-graph instance: expected one haproxy, keeper and supervisor, " \
-        f"got {got}: {mid['processes']}"
+    want = ["exporter", "haproxy", "keeper pep-exporter", "keeper pep-supervisor", "supervisor"]
+    assert got == want, f"host {host.ns}: processes of a 2-graph instance: expected {want}, got {got}: " \
+        f"{mid['processes']}"
     again = host.pepctl(conf, "up")
     assert again.returncode == 0 and "nothing changed" in again.stdout, again.stdout + again.stderr
     after = host.snapshot()
@@ -238,8 +242,8 @@ def take_trunk_filter(host):
 
 
 def take_metrics_port(host):
-    """The operator's own listener on 127.0.0.1:9101 of the host namespace, where HAProxy's Prometheus
-    exporter binds: HAProxy cannot start."""
+    """The operator's own listener on 127.0.0.1:9101 of the host namespace, where the instance's metrics
+    exporter binds: the exporter cannot start."""
     subprocess.run(["ip", "-n", host.ns, "link", "set", "lo", "up"], check=True)
     listen = ("import socket,sys;s=socket.socket();s.bind(('127.0.0.1',9101));s.listen();print('ready',flush=True);"
               "sys.stdin.read()")
@@ -256,9 +260,9 @@ def take_metrics_port(host):
 # Where `up` fails: (what, how the test makes it fail, what stderr must name, the last step `up` must have
 # finished before failing: what the rollback has to undo; None: refusing up front is right too).
 FAILURES = [
-    # HAProxy exits at once, again and again: the keeper and the supervisor run and must be stopped
-    # (the start step waits for HAProxy for a minute before it gives up).
-    ("metrics port taken", take_metrics_port, "did not report HAProxy up", "check /run/"),
+    # The exporter exits at once, again and again, after HAProxy came up: both keepers, the
+    # supervisor and HAProxy run and must be stopped.
+    ("metrics port taken", take_metrics_port, "did not listen on 127.0.0.1 port 9101", "start the proxy supervisor"),
     # trunk_ingress's place on the NIC is taken: refused up front, or the very last step fails after
     # HAProxy came up. Either way the operator's filter must survive.
     ("trunk filter taken", take_trunk_filter, "nic0", None),

@@ -300,7 +300,7 @@ def test_prometheus_exporter_counts_sessions_on_the_host_only(lab):
     lab.run("client", "curl", "-s", "-m", "5", "-o", "/dev/null", "http://198.19.0.10/")
     proc = lab.run("proxyhost", "curl", "-sS", "-m", "5", "http://127.0.0.1:9101/metrics", check=False)
     text = proc.stdout
-    m = re.search(r'^haproxy_frontend_sessions_total\{proxy="graph_pep"\} (\d+)', text, re.M)
+    m = re.search(r'^pep_proxy_sessions_total\{graph="pep"\} (\d+)', text, re.M)
     assert m and int(m.group(1)) >= 1, \
         f"proxyhost: curl http://127.0.0.1:9101/metrics (exit {proc.returncode}, {proc.stderr.strip()!r}): " \
         f"no graph_pep sessions: {text[:300]!r}"

@@ -88,6 +88,8 @@ CONFLICTS = [
     ("same-nic-other-name", lambda t, tmp: renamed(t, "px", tmp), "host.nic", "one instance per NIC"),
     ("same-vlan-same-nic", lambda t, tmp: renamed(t, "pv", tmp).replace("vlan = 200", "vlan = 201"),
      "host.nic", "VLAN(s) 100"),
+    ("same-metrics-port", lambda t, tmp: renamed(t, "pm", tmp), "host.metrics_port",
+     "serves its metrics on 127.0.0.1 port 9101"),
 ]
 
 

@@ -511,10 +511,32 @@ def test_lab_template_loads():
     with open(os.path.join(REPO, "netns", "lab.toml.in")) as f:
         text = f.read()
     for k, v in {"$rid": "t1a2b3c", "$run_dir": "/run/peplab/x", "$proxy": "true", "$interception": "nft",
-                 "$ports": '"all"', "$splice": "auto", "$mode": "tcp"}.items():
+                 "$ports": '"all"', "$splice": "auto", "$mode": "tcp", "$metrics_port": "9101",
+                 "$experiment": "[graph.experiment]\ncontrol_fraction = 0.2"}.items():
         text = text.replace(k, v)
     cfg = parse(text, "lab.toml", available_cc=CC)
     assert cfg.host.instance == "plt1a2b3c"
+    assert cfg.graphs[0].experiment.control_fraction == 0.2
+
+
+@pytest.mark.parametrize("table, field, value, words", [
+    ("control_fraction = 0.7", "control_fraction", "0.7", "0 (no experiment) to 0.5"),
+    ("control_fraction = -0.1", "control_fraction", "-0.1", "0 (no experiment) to 0.5"),
+    ('control_fraction = "5%"', "control_fraction", '"5%"', "must be a number"),
+    ("seed = 4294967296", "seed", "4294967296", "0-4294967295"),
+    ("fraction = 0.1", "fraction", "0.1", "unknown key"),
+])
+def test_experiment_errors_name_the_field(table, field, value, words):
+    text = BASE + f"\n[graph.experiment]\n{table}\n"
+    with pytest.raises(ConfigError) as e:
+        parse(text, "pep.toml", available_cc=CC)
+    msg = str(e.value)
+    assert f"graph[0].experiment.{field} = {value}" in msg and words in msg, msg
+
+
+def test_experiment_defaults_off():
+    g = parse(BASE, "pep.toml", available_cc=CC).graphs[0]
+    assert (g.experiment.control_fraction, g.experiment.seed, g.experiment.on) == (0.0, 0, False)
 
 
 def test_load_missing_unreadable_and_not_utf8():

@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 
+from pepctl import experiment
 from pepctl import flow_maps as fm
 
 HEADER = os.path.join(os.path.dirname(__file__), "..", "..", "tc", "pep_flow.h")
@@ -56,7 +57,7 @@ def test_verdicts_sides_states_match_header():
 
 
 def test_flags_and_constants_match_header():
-    for name in ("GRAPH_F_ENABLED", "GRAPH_F_ASSIGN", "GRAPH_F_ALL_PORTS", "GRAPH_F_ORIGIN_SYNS"):
+    for name in ("GRAPH_F_ENABLED", "GRAPH_F_ASSIGN", "GRAPH_F_ALL_PORTS", "GRAPH_F_ORIGIN_SYNS", "GRAPH_F_MEASURE"):
         assert _define(name) == getattr(fm, name), f"{name}: header {_define(name):#x}, pepctl {getattr(fm, name):#x}"
     assert _define("PEP_GRAPHS_MAX") == fm.GRAPHS_MAX
     assert _define("PEP_IFINDEX_BASE") == fm.IFINDEX_BASE
@@ -70,7 +71,7 @@ def test_flags_and_constants_match_header():
 
 # Every struct of the header, and each field's offset and size.
 STRUCTS = {
-    "graph_config": ("flags", "listen_port", "pad"),
+    "graph_config": ("flags", "listen_port", "pad", "control_below", "control_seed"),
     "port_key": ("graph", "port"),
     "addr_key": ("graph", "addr"),
     "lpm4_key": ("prefixlen", "graph", "addr"),
@@ -78,10 +79,11 @@ STRUCTS = {
     "flow_key": ("sub_addr", "org_addr", "sub_port", "org_port", "graph", "family", "pad"),
     "flow_new": ("verdict", "syn_seq", "synack_seq", "opener", "state", "pad", "first_seen_ns"),
     "flow_est": ("verdict", "syn_seq", "first_seen_ns", "last_seen_ns", "fins", "closing", "pad", "timer"),
+    "flow_record": ("key", "start_ns", "last_ack_ns", "bytes_down", "bytes_up", "group", "closed_by", "pad"),
 }
 FORMATS = {"graph_config": fm.GRAPH_CONFIG, "port_key": fm.PORT_KEY, "addr_key": fm.ADDR_KEY,
            "lpm4_key": fm.LPM4_KEY, "lpm6_key": fm.LPM6_KEY, "flow_key": fm.FLOW_KEY, "flow_new": fm.FLOW_NEW,
-           "flow_est": fm.FLOW_EST}
+           "flow_est": fm.FLOW_EST, "flow_record": experiment.FLOW_RECORD}
 
 
 def _layout_c() -> str:
@@ -187,9 +189,47 @@ def test_flow_key_layout_and_round_trip():
         fm.flow_key("198.18.0.10", 1, "2001:2::1", 2)
 
 
+CLIENTS = ("198.18.0.10", "198.18.0.250", "0.0.0.1", "2001:2:0:1::10", "2001:2:0:1:ffff::1")
+
+
+def test_client_hash_matches_header(tmp_path):
+    """The control group's draw: pepctl/experiment.py's client_hash() gives what the header's
+    gives, on the datapath's own key bytes (IPv4 as ::ffff:a.b.c.d)."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not installed: cannot run the header's client_hash")
+    rows = []
+    for addr in CLIENTS:
+        for seed in (0, 1, 0xFFFFFFFF):
+            packed = fm.addr16(addr)
+            rows.append("{" + ",".join(str(b) for b in packed) + f"}}, {seed}u")
+    src = tmp_path / "hash.c"
+    src.write_text("\n".join([
+        "#include <stdio.h>", "#include <linux/types.h>", "#include <linux/bpf.h>",
+        '#include "pep_flow.h"',
+        "struct row { __u8 a[16]; __u32 seed; };",
+        "static const struct row rows[] = {" + ",".join("{" + r + "}" for r in rows) + "};",
+        "int main(void)", "{", "for (unsigned i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)",
+        '\tprintf("%u\\n", client_hash(rows[i].a, rows[i].seed));', "return 0;", "}", ""]))
+    exe = tmp_path / "hash"
+    r = subprocess.run(["gcc", "-Wall", "-Werror", "-I", os.path.dirname(HEADER), "-o", str(exe), str(src)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"gcc on {HEADER}: {r.stderr}"
+    got = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    want = [experiment.client_hash(a, seed) for a in CLIENTS for seed in (0, 1, 0xFFFFFFFF)]
+    assert got == want, f"client_hash: header {got}, pepctl/experiment.py {want}"
+
+
+def test_control_share_is_close_to_the_fraction():
+    clients = [f"198.18.{i >> 8}.{i & 255}" for i in range(20000)]
+    share = sum(experiment.group_of(c, 0.2) == "control" for c in clients) / len(clients)
+    assert 0.18 < share < 0.22, f"control share of 20000 clients at fraction 0.2: {share}"
+    assert all(experiment.group_of(c, 0.0) == "treated" for c in clients[:1000])
+
+
 def test_graph_config_encoding():
-    assert fm.graph_config(fm.GRAPH_F_ENABLED | fm.GRAPH_F_ASSIGN, 50080) == (
-        (3).to_bytes(4, "little") + (50080).to_bytes(2, "little") + bytes(2))
+    assert fm.graph_config(fm.GRAPH_F_ENABLED | fm.GRAPH_F_ASSIGN, 50080, 7, 9) == (
+        (3).to_bytes(4, "little") + (50080).to_bytes(2, "little") + bytes(2) + (7).to_bytes(4, "little")
+        + (9).to_bytes(4, "little"))
     with pytest.raises(ValueError, match="70000"):
         fm.graph_config(fm.GRAPH_F_ENABLED, 70000)
 

@@ -70,8 +70,8 @@ def gp(name: str = "graph_g1", **kw) -> GraphProxy:
     return GraphProxy(**{**base, **kw})
 
 
-def render(*graphs: GraphProxy, cpus=(0, 1), maxconn=7000, metrics: str | None = "127.0.0.1:9101") -> str:
-    return render_haproxy(Process("instance pep1", tuple(cpus), maxconn, metrics), list(graphs or [gp()]))
+def render(*graphs: GraphProxy, cpus=(0, 1), maxconn=7000) -> str:
+    return render_haproxy(Process("instance pep1", tuple(cpus), maxconn), list(graphs or [gp()]))
 
 
 def haproxy_check(text: str, workdir: str) -> subprocess.CompletedProcess:
@@ -189,11 +189,10 @@ def test_haproxy_backend_goes_to_original_destination_from_client_address(mode):
     assert ("http-reuse never" in b) == (mode == "http")
 
 
-def test_haproxy_metrics_in_the_hosts_namespace():
-    m = section(render(metrics="10.0.0.5:9200"), "frontend metrics")
-    assert "bind 10.0.0.5:9200" in m and not any("namespace" in x for x in m), m
-    assert "http-request use-service prometheus-exporter if { path /metrics }" in m
-    assert "frontend metrics" not in render(metrics=None)
+def test_haproxy_serves_no_metrics_port_of_its_own():
+    """pepctl's exporter serves the proxy's figures (from the stats socket): one endpoint per host."""
+    text = render()
+    assert "prometheus-exporter" not in text and "frontend metrics" not in text, text
 
 
 @pytest.mark.parametrize("kwargs,words", [

@@ -64,18 +64,18 @@ SUPERVISOR = os.path.join(REPO, "etc", "systemd", "pep-supervisor@.service")
 DOCUMENTED_CAPS = {"CAP_NET_ADMIN", "CAP_SYS_ADMIN", "CAP_NET_BIND_SERVICE"}   # haproxy/README.md
 
 
-def supervisor_copy(tmp_path) -> str:
-    """The template instantiated for /run/pep/pep1, Exec paths pointed at this checkout."""
-    with open(SUPERVISOR) as f:
+def unit_copy(tmp_path, template: str = SUPERVISOR) -> str:
+    """A template unit instantiated for /run/pep/pep1, Exec paths pointed at this checkout."""
+    with open(template) as f:
         text = f.read().replace(INSTALLED_AT, REPO)
-    path = tmp_path / f"pep-supervisor@{names.systemd_escape_path('/run/pep/pep1')}.service"
+    path = tmp_path / os.path.basename(template).replace("@", "@" + names.systemd_escape_path("/run/pep/pep1"))
     path.write_text(text)
     return str(path)
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze (package systemd)")
 def test_systemd_parses_the_supervisor_unit_without_a_word(tmp_path):
-    unit = supervisor_copy(tmp_path)
+    unit = unit_copy(tmp_path)
     proc = subprocess.run(["systemd-analyze", "verify", unit], capture_output=True, text=True)
     ours = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "pep-supervisor" in ln]
     assert proc.returncode == 0 and not ours, f"systemd-analyze verify {SUPERVISOR}: exit {proc.returncode}: {ours}"
@@ -84,7 +84,7 @@ def test_systemd_parses_the_supervisor_unit_without_a_word(tmp_path):
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze (package systemd)")
 def test_supervisor_unit_is_hardened(tmp_path):
     """systemd's own score: 0 (locked down) to 10 (exposed); 'OK' is below 5, 'MEDIUM' below 7."""
-    proc = subprocess.run(["systemd-analyze", "security", "--offline=yes", supervisor_copy(tmp_path)],
+    proc = subprocess.run(["systemd-analyze", "security", "--offline=yes", unit_copy(tmp_path)],
                           capture_output=True, text=True)
     m = re.search(r"Overall exposure level for \S+: ([\d.]+) (\w+)", proc.stdout)
     assert m, f"systemd-analyze security printed no score: {proc.stdout[-500:]} {proc.stderr[-500:]}"
@@ -114,3 +114,29 @@ def test_keeper_runs_the_unit_as_systemd_would():
     caps = "+net_admin,+sys_admin,+net_bind_service"
     assert f"--ambient-caps=-all,{caps}" in opts and f"--bounding-set=-all,{caps}" in opts, opts
     assert cmd == [os.path.join(REPO, "scripts", "pepctl"), "supervise", "/run/pep/pep1"], cmd
+
+
+# -- the exporter's unit (etc/systemd/pep-exporter@.service) -------------------------------------
+EXPORTER = os.path.join(REPO, "etc", "systemd", names.EXPORTER_UNIT)
+EXPORTER_CAPS = {"CAP_BPF", "CAP_SYS_ADMIN", "CAP_DAC_OVERRIDE", "CAP_NET_BIND_SERVICE"}
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze (package systemd)")
+def test_systemd_parses_the_exporter_unit_without_a_word(tmp_path):
+    unit = unit_copy(tmp_path, EXPORTER)
+    proc = subprocess.run(["systemd-analyze", "verify", unit], capture_output=True, text=True)
+    ours = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "pep-exporter" in ln]
+    assert proc.returncode == 0 and not ours, f"systemd-analyze verify {EXPORTER}: exit {proc.returncode}: {ours}"
+
+
+def test_exporter_unit_bounds_its_capabilities_and_the_keeper_applies_them():
+    unit = service.read_unit(EXPORTER)
+    got = set(service.unit_value(unit, "CapabilityBoundingSet").split())
+    assert got == EXPORTER_CAPS, f"{EXPORTER}: CapabilityBoundingSet= {sorted(got)}, expected {sorted(EXPORTER_CAPS)}"
+    assert service.unit_value(unit, "Restart") == "always"
+    argv = service.supervisor_argv(unit, "/run/pep/pep1")
+    sep = argv.index("--")
+    opts, cmd = argv[:sep], argv[sep + 1:]
+    assert "--bounding-set=-all,+bpf,+sys_admin,+dac_override,+net_bind_service" in opts, opts
+    assert "--no-new-privs" in opts, opts
+    assert cmd == [os.path.join(REPO, "scripts", "pepctl"), "exporter", "/run/pep/pep1"], cmd
