@@ -40,7 +40,9 @@ def replay_traffic(lab, profile: str, seconds: float, rate: float, drain_s: floa
         lab.run("client", "ip", "addr", "add", f"198.18.0.{i}/24", "dev", "eth0", check=False)
     for i in range(11, 21):
         lab.run("origin", "ip", "addr", "add", f"198.19.0.{i}/24", "dev", "eth0", check=False)
-    server = lab.popen("origin", REPLAY, "server", "--profile", profile, "--duration", "3600", "--quiet")
+    # The server's default timeout (10 s) would reset an end-to-end 10 MB transfer (about 30 s here).
+    server = lab.popen("origin", REPLAY, "server", "--profile", profile, "--duration", "3600", "--timeout",
+                       str(int((seconds + drain_s + 60) * 1000)), "--quiet")
     out = os.path.join(lab.run_dir, "experiment-client.json")
     try:
         wait_until(lambda: lab.run("origin", "ss", "-Hltn", "sport = :80", check=False).stdout.count("\n") >= 10,

@@ -11,7 +11,9 @@ it, at c_in's ingress: from the first SYN to the last ACK that acknowledged new 
 acknowledged (download) and sent (upload). When the client ends the flow (FIN or RST) it pushes
 a record on the instance's `flow_records` queue; the exporter (pepctl/exporter.py) pops them,
 counts them in pep_experiment_* and appends them as JSON lines to the instance's
-experiment log, which `pepctl report` reads (pepctl/report.py).
+experiment log, which `pepctl report` reads (pepctl/report.py). Only flows the subscriber ends
+are recorded: one reset by the other end, or abandoned, is forgotten (the datapath sees only
+the subscriber's segments), so the report compares completed flows.
 
 This module follows tc/pep_flow.h (client_hash, struct flow_record); tests/unit/test_flow_contract.py
 compares them.

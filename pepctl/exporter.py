@@ -9,11 +9,13 @@ What a scrape reads, live: the steering and flow counters through bpf(2), HAProx
 through its stats socket, the supervisor's state. What a background loop keeps, every second:
   - each graph's fail-open state (its listeners, through sock_diag, as `pepctl status`) and the
     switches between proxy and fail-open; up to FAILOPEN_BATCH graphs a second, so a host of
-    many graphs sees a switch within graphs / FAILOPEN_BATCH seconds;
+    many graphs sees a switch within graphs / FAILOPEN_BATCH seconds. One sock_diag socket per
+    graph's namespace, opened once, so a look costs one dump and no thread;
   - the experiment's flow records (pepctl/experiment.py), popped off the datapath's queue,
     counted, and appended to the instance's experiment log for `pepctl report`;
-  - every tcp_sample.SAMPLE_INTERVAL seconds, a bounded sample of each graph's proxy sockets
-    into the per-side TCP histograms.
+  - every tcp_sample.SAMPLE_INTERVAL seconds, a bounded sample of the proxy sockets of up to
+    SAMPLE_BATCH graphs (the next ones each round) into the per-side TCP histograms.
+What the loop costs is bounded by those batches, not by the number of graphs or connections.
 The instance's config is the one its journal says `up` or `reload` installed; a reload is picked
 up at the next second.
 """
@@ -40,6 +42,7 @@ from .status import listen_ports
 
 TICK = 1.0
 FAILOPEN_BATCH = 64
+SAMPLE_BATCH = 64
 RECORDS_PER_TICK = 100_000      # pops per second at most: the queue holds RECORDS_MAX
 LOG_MAX_BYTES = 256 << 20       # the experiment log is rotated to .1 beyond this
 SIDES = ("access", "origin")
@@ -128,6 +131,8 @@ class Exporter:
         self.exp: dict[tuple[str, str, str], list[float]] = {}   # (graph, group, size) -> flows, bytes, seconds
         self.next_sample = 0.0
         self.failopen_cursor = 0
+        self.sample_cursor = 0
+        self.diag: dict[str, socket.socket] = {}   # graph namespace -> its sock_diag socket
         self.boot_offset = experiment.boot_offset()
         self.last_scrape = 0.0
         self.stop = threading.Event()
@@ -184,16 +189,18 @@ class Exporter:
         write_log(n.experiment_log, lines)
 
     def check_failopen(self, cfg) -> None:
-        graphs = [g for g in cfg.graphs if g.proxy.enabled]
-        if not graphs:
-            return
-        start = self.failopen_cursor % len(graphs)
-        batch = (graphs + graphs)[start:start + min(FAILOPEN_BATCH, len(graphs))]
-        self.failopen_cursor = start + len(batch)
+        batch, self.failopen_cursor = next_batch([g for g in cfg.graphs if g.proxy.enabled], self.failopen_cursor,
+                                                 FAILOPEN_BATCH)
         for g in batch:
+            ns = graph_names(cfg, g).netns
             try:
-                have = nsutil.listening_ports(graph_names(cfg, g).netns)
+                if ns not in self.diag:
+                    self.diag[ns] = nsutil.in_netns(ns, nsutil.diag_socket)
+                have = nsutil.listening_ports(ns, self.diag[ns])
             except OSError:
+                old = self.diag.pop(ns, None)   # the namespace went away, or the socket broke
+                if old is not None:
+                    old.close()
                 continue
             fail = not listen_ports(g) <= have
             with self.lock:
@@ -203,9 +210,9 @@ class Exporter:
 
     def sample_tcp(self, cfg) -> None:
         t0 = time.monotonic()
-        for g in cfg.graphs:
-            if not g.proxy.enabled:
-                continue
+        batch, self.sample_cursor = next_batch([g for g in cfg.graphs if g.proxy.enabled], self.sample_cursor,
+                                               SAMPLE_BATCH)
+        for g in batch:
             access = [a.network for a in g.access.addresses] + list(g.access.prefixes)
             try:
                 got, capped = tcp_sample.sample(graph_names(cfg, g).netns)
@@ -301,6 +308,15 @@ class Exporter:
                 e.add("pep_proxy_queue", (g.name,), _int(be["qcur"]))
                 e.add("pep_proxy_errors_total", (g.name, "connect"), _int(be["econ"]))
                 e.add("pep_proxy_errors_total", (g.name, "response"), _int(be["eresp"]))
+
+
+def next_batch(items: list, cursor: int, size: int) -> tuple[list, int]:
+    """Up to size items from cursor on, wrapping around; and the cursor after them."""
+    if not items:
+        return [], 0
+    start = cursor % len(items)
+    batch = (items + items)[start:start + min(size, len(items))]
+    return batch, start + len(batch)
 
 
 def _int(text: str) -> int:

@@ -94,11 +94,17 @@ MSG_SIZE = 72
 RTA = struct.Struct("=HH")
 
 
-def sock_diag(family: int, states: int, ext: int = 0):
+def diag_socket() -> socket.socket:
+    """A sock_diag socket of this thread's namespace (it stays of that namespace wherever used)."""
+    return socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
+
+
+def sock_diag(family: int, states: int, ext: int = 0, sock: socket.socket | None = None):
     """Yields (sockid, {attribute type: bytes}) for each TCP socket of family in states (a bit mask
-    of TCP_* states) in this thread's namespace, asking for the INET_DIAG_* attributes in ext.
+    of TCP_* states) in this thread's namespace, or in that of sock (diag_socket(), kept by the
+    caller: read every dump on it to the end), asking for the INET_DIAG_* attributes in ext.
     Closing the generator early stops the dump: the kernel fills one reply at a time, as read."""
-    s = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
+    s = sock or diag_socket()
     try:
         req = DIAG_REQ.pack(family, socket.IPPROTO_TCP, ext, states) + SOCKID.pack(0, 0, bytes(16), bytes(16), 0, 0)
         s.sendto(NLMSGHDR.pack(NLMSGHDR.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
@@ -124,12 +130,14 @@ def sock_diag(family: int, states: int, ext: int = 0):
                 yield SOCKID.unpack_from(data, body + MSG_HEAD.size), attrs
                 off += (length + 3) & ~3
     finally:
-        s.close()
+        if sock is None:
+            s.close()
 
 
-def listening_ports(ns: str | None) -> set[int]:
-    """The TCP ports something listens on in namespace ns, IPv4 or IPv6."""
+def listening_ports(ns: str | None, sock: socket.socket | None = None) -> set[int]:
+    """The TCP ports something listens on in namespace ns (or in sock's: no thread, no setns), IPv4
+    or IPv6."""
     def both():
         return {sockid[0] for family in (socket.AF_INET, socket.AF_INET6)
-                for sockid, _ in sock_diag(family, 1 << TCP_LISTEN)}
-    return in_netns(ns, both)
+                for sockid, _ in sock_diag(family, 1 << TCP_LISTEN, sock=sock)}
+    return both() if sock is not None else in_netns(ns, both)

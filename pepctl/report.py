@@ -125,13 +125,15 @@ def analyse(records: list[dict], min_flows: int = 2, resamples: int = RESAMPLES,
     rng = random.Random(seed)
     graphs = sorted({r["graph"] for r in records})
     rows = []
-    for graph in (*graphs, "all"):
+    for graph in (*graphs, "all") if len(graphs) > 1 else graphs:
         mine = records if graph == "all" else [r for r in records if r["graph"] == graph]
         by_size: dict[str, list[dict]] = {}
         for r in mine:
             by_size.setdefault(size_class(r["bytes_down"]), []).append(r)
         for size in sorted(by_size, key=SIZE_ORDER.index):
             rows.append({"graph": graph, "size": size, **_cell(by_size[size], min_flows, rng, resamples)})
+    if len(graphs) == 1:   # all graphs are this one: the same rows, not a second draw
+        rows += [{**r, "graph": "all"} for r in rows]
     ends = [r["end"] for r in records]
     return {"flows": len(records), "from": min(ends, default=None), "to": max(ends, default=None),
             "resamples": resamples, "seed": seed, "min_flows": min_flows, "rows": rows}

@@ -214,7 +214,9 @@ enum flow_counter {
  * the bytes it acknowledged (download) and the bytes it sent (upload). When
  * the subscriber ends the flow (FIN or RST), a flow_record is pushed on
  * flow_records and the entry leaves `measured`. pepctl's exporter pops them
- * (pepctl/experiment.py follows these layouts). */
+ * (pepctl/experiment.py follows these layouts). A flow that the subscriber
+ * never ends (the other end resets it, or it just stops) leaves no record:
+ * the LRU forgets it. So the report compares flows that completed. */
 #define MEASURED_MAX 65536           /* LRU, preallocated: flows in measurement at once; a flow that never ends is forgotten, not leaked */
 #define RECORDS_MAX 65536            /* flow_records: QUEUE, popped by the exporter every second */
 

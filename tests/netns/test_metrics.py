@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 
 from netns.handle import wait_until
 from pepctl import config as configmod
@@ -129,16 +128,21 @@ def test_experiment_records_each_flow_with_its_group_and_size(lab):
 
 def test_tcp_health_of_both_sides_is_sampled(lab):
     """A live proxied download: the sampler sees its socket toward the subscriber and toward the origin."""
-    slow = subprocess.Popen(["nsenter", f"--net=/run/netns/{lab.netns('client')}", "curl", "-s", "-o", "/dev/null",
-                             "-m", "15", "--limit-rate", "300k", "--interface", TREATED, f"http://{ORIGIN}/10m"])
+    slow = lab.popen("client", "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code} %{size_download}", "-m", "15",
+                     "--limit-rate", "300k", "--interface", TREATED, f"http://{ORIGIN}/50m")
     try:
         def both_sides():
             text = scrape(lab)
             got = {side: value(text, "pep_tcp_rtt_seconds_count", graph="pep", side=side) or 0
                    for side in ("access", "origin")}
             return got if all(got.values()) else None
-        got = wait_until(both_sides, timeout=14, interval=0.5,
-                         what="pep_tcp_rtt_seconds_count for sides access and origin of graph pep")
+        try:
+            got = wait_until(both_sides, timeout=14, interval=0.5,
+                             what="pep_tcp_rtt_seconds_count for sides access and origin of graph pep")
+        except AssertionError as e:
+            seen = [ln for ln in scrape(lab).splitlines() if ln.startswith(("pep_tcp_sampled", "pep_proxy_sessions"))]
+            raise AssertionError(f"{e}; the download: {slow.poll() if slow.poll() is None else slow.communicate()}; "
+                                 f"the exporter: {seen}") from None
     finally:
         slow.kill()
         slow.wait()
