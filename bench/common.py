@@ -24,6 +24,19 @@ def labs(stack: ExitStack, variants: dict[str, list[str]]) -> dict[str, LabHandl
     return out
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def exporter_cpu_seconds(lab: LabHandle) -> float:
+    """CPU time the lab's metrics exporter has used (its PID file is in the instance's folder)."""
+    with open(f"{lab.run_dir}/pep/pl{lab.rid}/exporter.pid") as f:
+        return process_cpu_seconds(int(f.read()))
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 

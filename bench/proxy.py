@@ -30,7 +30,7 @@ import threading
 import time
 from contextlib import ExitStack
 
-from .common import git_rev, labs, median, paired_ratio, write_report
+from .common import exporter_cpu_seconds, git_rev, labs, median, paired_ratio, write_report
 
 PORT80 = ["--ports", "80"]
 VARIANTS = {
@@ -60,16 +60,6 @@ def wrk(lab, path: str, seconds: float, conns: int, close: bool) -> dict:
 def scrape_every(lab, stop: threading.Event) -> None:
     while not stop.wait(SCRAPE_EVERY):
         lab.run("proxyhost", "curl", "-s", "-m", "5", "-o", "/dev/null", METRICS, check=False)
-
-
-def exporter_cpu_seconds(lab) -> float:
-    """CPU time (user + system) the lab's metrics exporter has used, from /proc/PID/stat."""
-    inst = f"pl{lab.rid}"
-    with open(f"{lab.run_dir}/pep/{inst}/exporter.pid") as f:
-        pid = int(f.read())
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_busy_seconds() -> float:

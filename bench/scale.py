@@ -7,7 +7,7 @@
      memory       MemAvailable with the instance down minus with it up, settled: kernel
                   included (namespaces, links, routes, maps, sockets) and HAProxy; per graph,
                   and the marginal cost of a graph from the largest two N
-     idle CPU     CPU time of the instance's processes (HAProxy, supervisor, keeper) over
+     idle CPU     CPU time of the instance's processes (HAProxy, supervisor, keeper, exporter) over
                   --idle seconds without traffic, per graph, in % of one core
 2. Packets/s through graph 1 with 1 graph and with the largest N: two labs side by side, small
    UDP packets from the client to the origin (iperf3, 64-byte frames), alternating, paired.
@@ -29,7 +29,7 @@ from contextlib import ExitStack
 from netns.handle import PYTHON, LabHandle
 from netns.lab import extra_graph
 
-from .common import git_rev, labs, median, paired_ratio, write_report
+from .common import exporter_cpu_seconds, git_rev, labs, median, paired_ratio, process_cpu_seconds, write_report
 from .steering import udp_small_pps
 
 ORIGIN = "198.19.0.10"
@@ -67,14 +67,11 @@ def timed_pepctl(lab: LabHandle, verb: str) -> float:
 
 
 def instance_cpu_seconds(lab: LabHandle) -> float:
-    """utime + stime of the instance's keeper, supervisor and HAProxy, from their recorded PIDs."""
+    """utime + stime of the instance's keeper, supervisor, HAProxy and metrics exporter, from their
+    recorded PIDs."""
     st = json.loads(lab.pepctl("status", "--json").stdout)["proxy"]
-    total = 0.0
-    for pid in (st["keeper"]["pid"], st["supervisor"]["pid"], st["haproxy"]["pid"]):
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(") ", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    pids = (st["keeper"]["pid"], st["supervisor"]["pid"], st["haproxy"]["pid"])
+    return sum(process_cpu_seconds(pid) for pid in pids) + exporter_cpu_seconds(lab)
 
 
 def graph_sweep(lab: LabHandle, counts: list[int], idle: float) -> dict:

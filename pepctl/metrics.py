@@ -47,7 +47,8 @@ CATALOGUE = {m.name: m for m in (
            "flow table events: promoted, stale, table_full, expired, closed, assign_failed, record_dropped"),
     Metric("pep_failopen", "gauge", G, "1 while the graph's new flows fail open: no proxy listener"),
     Metric("pep_failopen_switches_total", "counter", G,
-           "switches between proxy and fail-open the exporter saw (it looks every second)"),
+           "switches between proxy and fail-open the exporter saw (it looks at HAProxy every second, "
+           "at 16 graphs' listeners a second)"),
     # the proxy (HAProxy, through its stats socket)
     Metric("pep_proxy_up", "gauge", (), "1 while the instance's HAProxy runs"),
     Metric("pep_proxy_restarts_total", "counter", (), "HAProxy restarts by its supervisor"),

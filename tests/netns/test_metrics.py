@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 
 from netns.handle import wait_until
 from pepctl import config as configmod
@@ -147,6 +148,27 @@ def test_tcp_health_of_both_sides_is_sampled(lab):
         slow.kill()
         slow.wait()
     assert all(v >= 1 for v in got.values()), got
+
+
+def test_failopen_and_its_switches_are_seen(lab):
+    """HAProxy killed while its supervisor is held (SIGSTOP): the endpoint says the graph fails open;
+    released, the supervisor restarts HAProxy and the endpoint says proxy again, two switches later."""
+    st = json.loads(lab.pepctl("status", "--json").stdout)["proxy"]
+    before = value(scrape(lab), "pep_failopen_switches_total", graph="pep")
+    held = [st["keeper"]["pid"], st["supervisor"]["pid"]]
+    for pid in held:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        os.kill(st["haproxy"]["pid"], signal.SIGKILL)
+        wait_until(lambda: value(scrape(lab), "pep_failopen", graph="pep") == 1, timeout=5, interval=0.2,
+                   what="pep_failopen{graph=pep} 1 with HAProxy killed")
+    finally:
+        for pid in reversed(held):
+            os.kill(pid, signal.SIGCONT)
+    wait_until(lambda: value(scrape(lab), "pep_failopen", graph="pep") == 0, timeout=10, interval=0.2,
+               what="pep_failopen{graph=pep} 0 once the supervisor restarted HAProxy")
+    after = value(scrape(lab), "pep_failopen_switches_total", graph="pep")
+    assert after - before == 2, f"pep_failopen_switches_total graph=pep: expected +2, got {before} -> {after}"
 
 
 def test_endpoint_is_not_reachable_from_a_data_vlan(lab):
