@@ -1148,6 +1148,12 @@ def parse(text: str, path: str, *, available_cc: set[str] | None = None) -> Conf
     host = r.host(doc)
     defaults = r.defaults_proxy(doc)
     graphs = r.graphs(doc, defaults)
+    if host is not BAD and host.metrics_port == 0:
+        for g in graphs:
+            if g is not BAD and g.experiment.on:
+                r.error(f"graph[{g.index}].experiment.control_fraction", g.experiment.control_fraction,
+                        "the experiment's flow records are collected by the metrics exporter, which "
+                        "host.metrics_port = 0 turns off: give it a port, or set control_fraction = 0")
     if r.errors:
         # In file order, so they read alongside the file; unplaceable ones first.
         raise ConfigError(sorted(r.errors, key=lambda e: e.line or 0))

@@ -277,11 +277,16 @@ def run(args, log_path: str, out=sys.stdout) -> int:
     if not os.path.exists(log_path):
         print(f"pepctl report: {log_path}: no flow records. {TURN_ON}", file=sys.stderr)
         return 1
-    try:
-        records, left_out = read_records(log_path, strict=getattr(args, "strict", False))
-    except RecordError as e:
-        print(f"pepctl report: {e}", file=sys.stderr)
-        return 1
+    records, left_out = [], {"skipped": 0, "empty": 0}
+    # The exporter rotates the log to .1 beyond LOG_MAX_BYTES: the older records are read first.
+    for path in (log_path + ".1", log_path) if os.path.exists(log_path + ".1") else (log_path,):
+        try:
+            got, counts = read_records(path, strict=getattr(args, "strict", False))
+        except RecordError as e:
+            print(f"pepctl report: {e}", file=sys.stderr)
+            return 1
+        records += got
+        left_out = {k: left_out[k] + counts[k] for k in left_out}
     if args.graph:
         records = [r for r in records if r["graph"] == args.graph]
     if args.since:

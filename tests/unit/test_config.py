@@ -534,6 +534,15 @@ def test_experiment_errors_name_the_field(table, field, value, words):
     assert f"graph[0].experiment.{field} = {value}" in msg and words in msg, msg
 
 
+def test_experiment_needs_the_exporter():
+    text = (BASE.replace('nic = "eth1"', 'nic = "eth1"\nmetrics_port = 0')
+            + "\n[graph.experiment]\ncontrol_fraction = 0.1\n")
+    with pytest.raises(ConfigError) as e:
+        parse(text, "pep.toml", available_cc=CC)
+    assert "graph[0].experiment.control_fraction = 0.1" in str(e.value) and "metrics exporter" in str(e.value), \
+        str(e.value)
+
+
 def test_experiment_defaults_off():
     g = parse(BASE, "pep.toml", available_cc=CC).graphs[0]
     assert (g.experiment.control_fraction, g.experiment.seed, g.experiment.on) == (0.0, 0, False)

@@ -222,3 +222,14 @@ def test_run_without_a_log_says_how_to_turn_the_experiment_on(tmp_path, capsys):
     assert report.run(args(), str(tmp_path / "none.jsonl"), io.StringIO()) == 1
     err = capsys.readouterr().err
     assert "control_fraction = 0.05" in err and "pepctl reload" in err, err
+
+
+def test_run_reads_the_rotated_log_too(tmp_path):
+    """The exporter moves a full log to .1: its records still count, the older first."""
+    log = tmp_path / "experiment.jsonl"
+    write_log(tmp_path / "experiment.jsonl.1", flows(10, "treated", 60) + flows(4, "control", 3))
+    write_log(log, flows(11, "treated", 60) + flows(3, "control", 3))
+    assert report.run(args(json=tmp_path / "r.json"), str(log), io.StringIO()) == 0
+    saved = json.loads((tmp_path / "r.json").read_text())
+    got = [(r["treated"]["flows"], r["control"]["flows"]) for r in saved["rows"] if r["graph"] == "g1"]
+    assert got == [(21, 7)], got
