@@ -58,7 +58,8 @@ static void usage(FILE *f)
 		"Moves frames A->B and B->A with per-direction impairments. Keys:\n"
 		"  delay=MS jitter=MS jitter_dist=uniform|normal reorder=0|1 loss=PCT\n"
 		"  ge_p=PCT ge_r=PCT ge_loss_bad=PCT ge_loss_good=PCT\n"
-		"  rate=BITS[k|M|G] limit_bytes=N[k|M] limit_ms=MS\n"
+		"  rate=BITS[k|M|G] limit_bytes=N[k|M] limit_ms=MS limit_pkts=N\n"
+		"  trace=FILE|none   (capacity from a mahimahi trace instead of rate)\n"
 		"Control socket commands (one line in, one JSON line out):\n"
 		"  stats | params | set KEY=VALUE... | replace KEY=VALUE... | stop\n"
 		"See linkem/README.md.\n");
@@ -165,11 +166,13 @@ static int pool_warnings(char *buf, size_t len)
 		double hold_ms = lp->delay_ms + lp->jitter_ms * (lp->jitter_dist == JITTER_NORMAL ? 3 : 1);
 		double need;
 
-		if (!lp->rate_bps)
+		double rate = lp->trace ? lp->trace->mean_bps : (double)lp->rate_bps;
+
+		if (!rate)
 			continue;
-		need = (double)lp->rate_bps / 8 * (hold_ms + lp->limit_ms) / 1000 + (double)lp->limit_bytes;
-		if (!lp->limit_ms && !lp->limit_bytes)
-			n += snprintf(buf + n, len - (size_t)n, "%s\"%s: rate without limit_ms/limit_bytes: "
+		need = rate / 8 * (hold_ms + lp->limit_ms) / 1000 + (double)lp->limit_bytes;
+		if (!lp->limit_ms && !lp->limit_bytes && !lp->limit_pkts)
+			n += snprintf(buf + n, len - (size_t)n, "%s\"%s: rate without limit_ms/limit_bytes/limit_pkts: "
 				      "the queue is bounded only by the pool\"", n ? ", " : "", dir_names[d]);
 		else if (need * 1.05 > (double)paths[d].pool.size)
 			n += snprintf(buf + n, len - (size_t)n, "%s\"%s: rate x (delay + jitter + limit) "

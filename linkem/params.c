@@ -1,6 +1,7 @@
 /* KEY=VALUE parsing and JSON printing of link parameters (see params.h). */
 #include "params.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +51,67 @@ static int parse_scaled(const char *s, int allow_bit_unit, uint64_t *out)
 	return 0;
 }
 
+/* Loads a mahimahi-format trace; NULL (errno set, *why said) if it is not one. */
+static const struct trace *load_trace(const char *path, const char **why)
+{
+	FILE *f = fopen(path, "r");
+	struct trace *t;
+	char line[64];
+	size_t cap = 4096;
+	uint32_t last = 0;
+
+	*why = "cannot be read";
+	if (!f)
+		return NULL;
+	t = calloc(1, sizeof(*t));
+	if (!t || !(t->ms = malloc(cap * sizeof(*t->ms)))) {
+		fclose(f);
+		free(t);
+		return NULL;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		char *end;
+		unsigned long v;
+
+		if (line[0] == '\n' || line[0] == '#')
+			continue;
+		errno = 0;
+		v = strtoul(line, &end, 10);
+		if (end == line || (*end != '\n' && *end != '\0') || errno || v > 86400000ul || v < last) {
+			*why = "is not a trace: one time in ms a line, non-decreasing";
+			goto bad;
+		}
+		if (t->n == cap) {
+			uint32_t *more = realloc(t->ms, 2 * cap * sizeof(*t->ms));
+
+			if (!more)
+				goto bad;
+			t->ms = more;
+			cap *= 2;
+		}
+		t->ms[t->n++] = (uint32_t)v;
+		last = (uint32_t)v;
+	}
+	fclose(f);
+	if (!t->n) {
+		*why = "holds no delivery opportunity";
+		free(t->ms);
+		free(t);
+		return NULL;
+	}
+	t->period_ms = last ? last : 1;
+	t->mean_bps = (double)t->n * TRACE_MTU * 8 * 1000 / (double)t->period_ms;
+	snprintf(t->path, sizeof(t->path), "%s", path);
+	return t;
+bad:
+	fclose(f);
+	free(t->ms);
+	free(t);
+	return NULL;
+}
+
+static const char *trace_error;
+
 static int set_one(struct link_params *p, const char *key, const char *val)
 {
 	double d;
@@ -87,6 +149,16 @@ static int set_one(struct link_params *p, const char *key, const char *val)
 		return parse_scaled(val, 1, &p->rate_bps);
 	if (!strcmp(key, "limit_bytes"))
 		return parse_scaled(val, 0, &p->limit_bytes);
+	if (!strcmp(key, "limit_pkts"))
+		return parse_scaled(val, 0, &p->limit_pkts);
+	if (!strcmp(key, "trace")) {
+		if (!strcmp(val, "none") || !*val) {
+			p->trace = NULL;
+			return 0;
+		}
+		p->trace = load_trace(val, &trace_error);
+		return p->trace ? 0 : -3;
+	}
 	if (!strcmp(key, "limit_ms")) {
 		if (parse_double(val, 0, 60000, &d))
 			return -1;
@@ -98,7 +170,8 @@ static int set_one(struct link_params *p, const char *key, const char *val)
 
 static const char *const accepted =
 	"delay=MS jitter=MS jitter_dist=uniform|normal reorder=0|1 loss=PCT ge_p=PCT ge_r=PCT "
-	"ge_loss_bad=PCT ge_loss_good=PCT rate=BITS[k|M|G] limit_bytes=N[k|M] limit_ms=MS";
+	"ge_loss_bad=PCT ge_loss_good=PCT rate=BITS[k|M|G] limit_bytes=N[k|M] limit_ms=MS limit_pkts=N "
+	"trace=FILE|none";
 
 int params_apply_kv(struct link_params p[NDIRS], const char *kv, char *err, size_t errlen)
 {
@@ -129,6 +202,9 @@ int params_apply_kv(struct link_params p[NDIRS], const char *kv, char *err, size
 		rc = set_one(&p[d], name, eq + 1);
 	if (rc == -2)
 		snprintf(err, errlen, "unknown key '%s'; keys: [a2b.|b2a.]%s", key, accepted);
+	else if (rc == -3)
+		snprintf(err, errlen, "'%s': the file %s (mahimahi's format: a delivery opportunity of "
+			 "%d bytes a line, its time in ms)", kv, trace_error, TRACE_MTU);
 	else if (rc)
 		snprintf(err, errlen, "bad value in '%s'; forms: %s (MS, PCT may be fractional; "
 			 "PCT in 0..100, MS in 0..60000)", kv, accepted);
@@ -140,9 +216,13 @@ int params_json(const struct link_params *p, char *buf, size_t len)
 	return snprintf(buf, len,
 			"{\"delay\": %.9g, \"jitter\": %.9g, \"jitter_dist\": \"%s\", \"reorder\": %d, "
 			"\"loss\": %.9g, \"ge_p\": %.9g, \"ge_r\": %.9g, \"ge_loss_bad\": %.9g, "
-			"\"ge_loss_good\": %.9g, \"rate\": %llu, \"limit_bytes\": %llu, \"limit_ms\": %.9g}",
+			"\"ge_loss_good\": %.9g, \"rate\": %llu, \"limit_bytes\": %llu, \"limit_ms\": %.9g, "
+			"\"limit_pkts\": %llu, \"trace\": %s%s%s, \"trace_mean_bps\": %.0f, \"trace_period_ms\": %llu}",
 			p->delay_ms, p->jitter_ms, p->jitter_dist == JITTER_NORMAL ? "normal" : "uniform",
 			p->reorder, p->loss_pct, p->ge_p_pct, p->ge_r_pct, p->ge_loss_bad_pct,
 			p->ge_loss_good_pct, (unsigned long long)p->rate_bps,
-			(unsigned long long)p->limit_bytes, p->limit_ms);
+			(unsigned long long)p->limit_bytes, p->limit_ms, (unsigned long long)p->limit_pkts,
+			p->trace ? "\"" : "", p->trace ? p->trace->path : "null", p->trace ? "\"" : "",
+			p->trace ? p->trace->mean_bps : 0.0,
+			(unsigned long long)(p->trace ? p->trace->period_ms : 0));
 }

@@ -13,6 +13,20 @@
 
 enum jitter_dist { JITTER_UNIFORM = 0, JITTER_NORMAL = 1 };
 
+#define TRACE_MTU 1500 /* bytes one delivery opportunity carries (mahimahi's MTU) */
+
+/* A capacity trace in mahimahi's format: one line per delivery opportunity of
+ * TRACE_MTU bytes, its time in ms from the start, non-decreasing; the trace
+ * loops with a period of its last time (at least 1 ms). Loaded once by the
+ * main thread and never freed (a path may still be using it). */
+struct trace {
+	uint32_t *ms;
+	size_t n;
+	uint64_t period_ms;
+	double mean_bps;	/* n * TRACE_MTU * 8 / period */
+	char path[256];
+};
+
 struct link_params {
 	double delay_ms;	/* fixed one-way delay */
 	double jitter_ms;	/* uniform: +-jitter; normal: sigma (clipped at 3 sigma) */
@@ -26,6 +40,8 @@ struct link_params {
 	uint64_t rate_bps;	/* serialization rate in bit/s of L2 frames; 0 = unlimited */
 	uint64_t limit_bytes;	/* tail-drop when the rate queue would exceed this; 0 = none */
 	double limit_ms;	/* tail-drop when the rate queue wait would exceed this; 0 = none */
+	uint64_t limit_pkts;	/* tail-drop when the rate queue would hold more packets; 0 = none */
+	const struct trace *trace; /* capacity from a trace instead of `rate`; NULL = none */
 };
 
 enum { DIR_A2B = 0, DIR_B2A = 1, NDIRS = 2 };

@@ -7,7 +7,12 @@
  *                 limit_bytes; tx_done = start + 8 * bytes / rate; link_free = tx_done
  *              -> departure = tx_done + max(0, delay + jitter sample), and unless
  *                 reorder=1, departure = max(departure, previous departure)
- * Without a rate, tx_done = t and nothing queues.
+ * With a trace instead of a rate (mahimahi's format), tx_done is the time of the
+ * delivery opportunity that carries the frame's last byte: opportunities carry
+ * TRACE_MTU bytes each, frames share them in arrival order, and an opportunity
+ * the queue leaves unused is lost (the link does not save capacity). The wait
+ * checked against limit_ms is then tx_done - t. limit_pkts bounds the queue in
+ * frames. Without a rate or a trace, tx_done = t and nothing queues.
  *
  * Storage: frames are copied into a byte ring (the pool) in arrival order, each
  * as an entry header + virtio-net header + frame, 16-byte aligned. A min-heap
@@ -270,8 +275,57 @@ static void refresh_params(struct path *p)
 	pthread_mutex_unlock(&p->mu);
 	if (p->cur.ge_p_pct <= 0)
 		p->ge_bad = 0;
-	if (!p->cur.rate_bps) /* the queue drains at once; no stale backlog for later */
+	if (!p->cur.rate_bps && !p->cur.trace) /* the queue drains at once; no stale backlog for later */
 		ST_SET(p, link_free_ns, 0);
+}
+
+static uint64_t opp_ns(const struct path *p, uint64_t k)
+{
+	const struct trace *tr = p->trace_of;
+
+	return p->trace_base_ns + (k / tr->n) * tr->period_ms * 1000000ull + (uint64_t)tr->ms[k % tr->n] * 1000000ull;
+}
+
+/* The first opportunity at or after time `at`: whole periods skipped, then a
+ * binary search within the period. */
+static uint64_t first_opp_at(const struct path *p, uint64_t at)
+{
+	const struct trace *tr = p->trace_of;
+	uint64_t period_ns = tr->period_ms * 1000000ull, since = at - p->trace_base_ns;
+	uint64_t loop = since / period_ns, off_ms = (since % period_ns + 999999) / 1000000;
+	size_t lo = 0, hi = tr->n;
+
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+
+		if (tr->ms[mid] < off_ms)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return loop * tr->n + lo;   /* lo == n: the next period's first */
+}
+
+/* tx_done of a frame of flen bytes whose serialization may start at `start`. */
+static uint64_t trace_txdone(struct path *p, uint64_t start, uint64_t flen)
+{
+	if (p->trace_of != p->cur.trace) {   /* a new trace: it starts now */
+		p->trace_of = p->cur.trace;
+		p->trace_base_ns = start;
+		p->trace_k = 0;
+		p->trace_left = TRACE_MTU;
+	}
+	if (opp_ns(p, p->trace_k) < start) {   /* idle link: the opportunities before start are gone */
+		p->trace_k = first_opp_at(p, start);
+		p->trace_left = TRACE_MTU;
+	}
+	while (flen > p->trace_left) {
+		flen -= p->trace_left;
+		p->trace_k++;
+		p->trace_left = TRACE_MTU;
+	}
+	p->trace_left -= (uint32_t)flen;
+	return opp_ns(p, p->trace_k);
 }
 
 /* One frame (vnet header + L2 frame) arrived at time t. */
@@ -289,15 +343,42 @@ static void admit(struct path *p, uint64_t t, const uint8_t *buf, uint32_t len)
 		ST_ADD(p, drop_loss, 1);
 		return;
 	}
-	if (lp->rate_bps) {
-		uint64_t start = link_free > t ? link_free : t;
+	if (lp->rate_bps || lp->trace) {
+		uint64_t start = link_free > t ? link_free : t, wait;
 
-		if ((lp->limit_ms > 0 && (double)(start - t) > lp->limit_ms * 1e6) ||
-		    (lp->limit_bytes && p->st.queue_bytes + flen > lp->limit_bytes)) {
+		if ((lp->limit_bytes && p->st.queue_bytes + flen > lp->limit_bytes) ||
+		    (lp->limit_pkts && p->st.queue_pkts + 1 > lp->limit_pkts)) {
 			ST_ADD(p, drop_queue, 1);
 			return;
 		}
-		txdone = start + (flen * 8 * 1000000000ull + lp->rate_bps - 1) / lp->rate_bps;
+		if (lp->trace) {
+			/* The opportunities the frame would take stay free if it is dropped. */
+			uint64_t k = p->trace_k, base = p->trace_base_ns;
+			uint32_t left = p->trace_left;
+			const struct trace *of = p->trace_of;
+
+			txdone = trace_txdone(p, start, flen);
+			wait = txdone - t;
+			if (lp->limit_ms > 0 && (double)wait > lp->limit_ms * 1e6) {
+				p->trace_k = k;
+				p->trace_base_ns = base;
+				p->trace_left = left;
+				p->trace_of = of;
+				ST_ADD(p, drop_queue, 1);
+				return;
+			}
+		} else {
+			wait = start - t;
+			if (lp->limit_ms > 0 && (double)wait > lp->limit_ms * 1e6) {
+				ST_ADD(p, drop_queue, 1);
+				return;
+			}
+			txdone = start + (flen * 8 * 1000000000ull + lp->rate_bps - 1) / lp->rate_bps;
+		}
+		ST_ADD(p, qdelay_sum_ns, txdone - t);
+		ST_ADD(p, qdelay_pkts, 1);
+		if (txdone - t > p->st.qdelay_max_ns)
+			ST_SET(p, qdelay_max_ns, txdone - t);
 	}
 	e = pool_alloc(&p->pool, (uint32_t)ALIGN16(ENT_HDR + len));
 	if (!e || p->heap_len == p->heap_cap) {
@@ -316,7 +397,7 @@ static void admit(struct path *p, uint64_t t, const uint8_t *buf, uint32_t len)
 	e->dep_ns = dep;
 	e->txdone_ns = txdone;
 	memcpy(e->data, buf, len);
-	if (lp->rate_bps) {
+	if (lp->rate_bps || lp->trace) {
 		e->flags |= ENT_QUEUED;
 		ST_SET(p, link_free_ns, txdone);
 		ST_ADD(p, queue_pkts, 1);
@@ -517,12 +598,15 @@ int path_stats_json(struct path *p, char *buf, size_t len)
 			"\"drop_loss\": %llu, \"drop_queue\": %llu, \"drop_pool\": %llu, "
 			"\"drop_oversize\": %llu, \"drop_rx\": %llu, \"tx_errors\": %llu, "
 			"\"queue_pkts\": %llu, \"queue_bytes\": %llu, \"queue_ms\": %.3f, "
-			"\"held_pkts\": %llu, \"held_bytes\": %llu}",
+			"\"held_pkts\": %llu, \"held_bytes\": %llu, \"queue_delay_ms_avg\": %.3f, "
+			"\"queue_delay_ms_max\": %.3f}",
 			(unsigned long long)ST_GET(p, in_pkts), (unsigned long long)ST_GET(p, in_bytes),
 			(unsigned long long)ST_GET(p, out_pkts), (unsigned long long)ST_GET(p, out_bytes),
 			(unsigned long long)ST_GET(p, drop_loss), (unsigned long long)ST_GET(p, drop_queue),
 			(unsigned long long)ST_GET(p, drop_pool), (unsigned long long)ST_GET(p, drop_oversize),
 			(unsigned long long)p->rx_kernel_drops, (unsigned long long)ST_GET(p, tx_errors),
 			(unsigned long long)ST_GET(p, queue_pkts), (unsigned long long)ST_GET(p, queue_bytes),
-			qms, (unsigned long long)ST_GET(p, held_pkts), (unsigned long long)ST_GET(p, held_bytes));
+			qms, (unsigned long long)ST_GET(p, held_pkts), (unsigned long long)ST_GET(p, held_bytes),
+			ST_GET(p, qdelay_pkts) ? (double)ST_GET(p, qdelay_sum_ns) / (double)ST_GET(p, qdelay_pkts) / 1e6 : 0.0,
+			(double)ST_GET(p, qdelay_max_ns) / 1e6);
 }

@@ -26,6 +26,8 @@ struct path_stats {
 	uint64_t queue_pkts, queue_bytes; /* waiting for serialization (rate queue) */
 	uint64_t held_pkts, held_bytes;	/* everything held: rate queue + delay line */
 	uint64_t link_free_ns;		/* when the rate-limited link is next idle */
+	uint64_t qdelay_sum_ns, qdelay_max_ns;	/* time in the rate queue, of queued frames */
+	uint64_t qdelay_pkts;
 };
 
 struct pool_ring {
@@ -52,6 +54,13 @@ struct path {
 	uint64_t last_dep_ns;
 	int ge_bad;
 	uint64_t rng[4];
+
+	/* Trace-driven capacity: the next delivery opportunity (absolute index,
+	 * looping over the trace) and the bytes it has left; time 0 of the trace
+	 * is when it was first used. */
+	const struct trace *trace_of;
+	uint64_t trace_base_ns, trace_k;
+	uint32_t trace_left;
 
 	pthread_mutex_t mu;		/* guards `pending` */
 	struct link_params pending;

@@ -39,7 +39,7 @@ LINKEM_BIN = HERE / "linkem"
 # linkem's parameter keys (linkem/params.c); tests check this against the binary.
 KEYS = (
     "delay", "jitter", "jitter_dist", "reorder", "loss", "ge_p", "ge_r",
-    "ge_loss_bad", "ge_loss_good", "rate", "limit_bytes", "limit_ms",
+    "ge_loss_bad", "ge_loss_good", "rate", "limit_bytes", "limit_ms", "limit_pkts", "trace",
 )
 DIRECTIONS = {"up": "a2b", "down": "b2a", "a2b": "a2b", "b2a": "b2a"}
 
@@ -127,7 +127,12 @@ def profile_words(name: str | None, overrides: list[str] | tuple[str, ...] = (),
         direction, key, value = _split_override(word)
         for d in (direction,) if direction else ("a2b", "b2a"):
             per_dir[d][key] = value
-    return [f"{d}.{k}={v}" for d in ("a2b", "b2a") for k, v in per_dir[d].items()]
+    return [f"{d}.{k}={_trace_path(v) if k == 'trace' else v}" for d in ("a2b", "b2a") for k, v in per_dir[d].items()]
+
+
+def _trace_path(value: str) -> str:
+    """A trace named relative to linkem/ (the shipped ones: traces/NAME), as linkem must open it."""
+    return value if value == "none" or Path(value).is_absolute() else str(HERE / value)
 
 
 def linkem_argv(a: str, b: str, *, profile: str | None = None, overrides: list[str] | tuple[str, ...] = (),

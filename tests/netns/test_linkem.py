@@ -471,6 +471,71 @@ def test_rate_limit_tcp(linkem):
         f"linkem a2b {em.stats()['a2b']}")
 
 
+def write_trace(path: Path, schedule: list[tuple[int, float]]) -> Path:
+    """A mahimahi trace: (milliseconds, Mbit/s) steps in turn, opportunities spread evenly in each."""
+    lines, t0, carry = [], 0, 0.0
+    for ms, mbit in schedule:
+        for m in range(ms):
+            carry += mbit * 1e6 / 1000 / 12000   # opportunities of 1500 bytes in this ms
+            while carry >= 1:
+                lines.append(t0 + m)
+                carry -= 1
+        t0 += ms
+    lines.append(t0)   # the period
+    path.write_text("".join(f"{t}\n" for t in lines))
+    return path
+
+
+def test_trace_rate_follows_its_schedule(linkem, tmp_path):
+    """A trace of 1 s at 10 Mbit/s then 1 s at 30 Mbit/s, looped, under a UDP overload for 10 s: the
+    server receives the trace's mean (20 Mbit/s of frames) within 5%, second by second low and high."""
+    trace = write_trace(tmp_path / "steps.trace", [(1000, 10), (1000, 30)])
+    em = linkem(f"a2b.trace={trace}", "a2b.limit_ms=100", "delay=2")
+    params = em.cmd("params")["a2b"]
+    assert params["trace"] == str(trace) and abs(params["trace_mean_bps"] / 20e6 - 1) < 0.01, params
+    res = iperf3(em.lab, "-u", "-b", "45M", "-l", "1400", "--get-server-output", seconds=11)
+    got = receiver_bps(res)
+    want = 20e6 * 1400 / 1442   # 1400 B of payload ride in 1442-byte frames
+    st = em.stats()["a2b"]
+    assert abs(got / want - 1) <= 0.05, (
+        f"trace 10/30 Mbit/s: server received {got / 1e6:.2f} Mbit/s of UDP payload, want "
+        f"{want / 1e6:.2f} +- 5%; linkem a2b {st}")
+    per_second = [iv["sum"]["bits_per_second"] for iv in res["server_output_json"]["intervals"][1:]
+                  if iv["sum"]["seconds"] > 0.9]
+    assert max(per_second) > 2 * min(per_second), f"per-second rates do not follow the trace's steps: {per_second}"
+
+
+def test_trace_queue_limit_holds(linkem, tmp_path):
+    """A constant 10 Mbit/s trace with a 50 ms drop-tail queue, overloaded 2x: frames are dropped at
+    the tail, none waits longer than 50 ms (linkem's own count, and a ping's RTT under the load)."""
+    trace = write_trace(tmp_path / "flat.trace", [(1000, 10)])
+    em = linkem(f"a2b.trace={trace}", "a2b.limit_ms=50", "delay=1")
+    floor = median_rtt(em.lab)
+    srv = em.lab.popen(em.lab.server, "iperf3", "-s", "-1", "-B", SERVER_IP, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    load = em.lab.popen(em.lab.client, "iperf3", "-c", SERVER_IP, "-u", "-b", "20M", "-l", "1400", "-t", "4",
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1.5)
+        rtts = ping_rtts(em.lab, count=40, interval=0.05)
+    finally:
+        load.wait(timeout=30)
+        em.lab.stop(srv)
+    st = em.stats()["a2b"]
+    assert st["drop_queue"] > 0 and 0 < st["queue_delay_ms_max"] <= 50.5, f"linkem a2b under 2x load: {st}"
+    assert rtts and max(rtts) <= floor + 50 + 5, f"RTTs under load {max(rtts):.1f} ms, floor {floor:.1f} + 50 ms queue"
+    assert statistics.median(rtts) >= floor + 30, f"the queue should be nearly full: RTTs {rtts}, floor {floor:.1f}"
+
+
+def test_trace_errors_name_the_file(linkem_bin, tmp_path):
+    bad = tmp_path / "bad.trace"
+    bad.write_text("5\n3\n")
+    r = subprocess.run([str(linkem_bin), "-a", "x0", "-b", "x1", f"trace={bad}"], capture_output=True, text=True,
+                       timeout=10)
+    assert r.returncode == 2 and "non-decreasing" in r.stderr and str(bad) in r.stderr, r.stderr
+
+
 GSO_SENDER = r"""
 import socket, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
