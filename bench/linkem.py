@@ -19,17 +19,10 @@ import argparse
 import os
 from contextlib import ExitStack
 
-from .common import git_rev, iperf3, labs, median, write_report
+from .common import git_rev, iperf3, labs, median, process_cpu_seconds, write_report
 
 TARGET_GBPS = 1.0
 VARIANTS = {"direct": ("direct", None), "linkem 0 ms": ("linkem", 0), "linkem 50 ms RTT": ("linkem", 25)}
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads), in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def linkem_pid(lab) -> int:
@@ -49,11 +42,11 @@ def measure(lab, delay_ms: float | None, seconds: float) -> dict:
     proc = lab.run_pep_lab("link", "none", f"delay={delay_ms:g}")
     assert proc.returncode == 0, f"pep-lab link none delay={delay_ms:g}: {proc.stderr}"
     pid, drops = linkem_pid(lab), drop_rx(lab)
-    cpu0 = cpu_seconds(pid)
+    cpu0 = process_cpu_seconds(pid)
     res = iperf3(lab, "-O", "2", seconds=seconds + 2)
     wall = res["end"]["sum_received"]["seconds"] + 2
     return {"gbps": res["end"]["sum_received"]["bits_per_second"] / 1e9,
-            "linkem_cpu_pct": 100 * (cpu_seconds(pid) - cpu0) / wall, "drop_rx": drop_rx(lab) - drops}
+            "linkem_cpu_pct": 100 * (process_cpu_seconds(pid) - cpu0) / wall, "drop_rx": drop_rx(lab) - drops}
 
 
 def plot(result: dict, reps: int):

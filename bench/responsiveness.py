@@ -4,7 +4,8 @@ One lab; for each access-link profile (default the trace-driven ones: capacity t
 stops, deep drop-tail buffers), proxy and end-to-end alternate REPS times on the same link:
   proxy  split at HAProxy: BBR toward the subscriber (paced: it keeps the deep buffer short)
   e2e    every lab client bypassed (a bypass rule): CUBIC end to end fills the buffer
-Each run, for SECONDS:
+Each run starts the link's traces over (the profile is set again), so both modes meet the same
+capacity second by second. Each run, for SECONDS:
   bulk        one download of the lab's 50 MB object: its goodput (what arrived / the time)
   small       a 1 KB request-response on a connection of its own every 200 ms: its time
               (curl's time_total, handshake included): p50, p95, p99
@@ -83,11 +84,13 @@ KEYS = ("bulk_mbps", "small_p50_ms", "small_p95_ms", "small_p99_ms", "page_s")
 def run_profiles(lab: LabHandle, profiles: list[str], reps: int, seconds: float) -> list[dict]:
     results = []
     for profile in profiles:
-        set_profile(lab, profile)
         samples: dict[str, list[dict]] = {"proxy": [], "e2e": []}
         for rep in range(reps):
             for mode in ("proxy", "e2e") if rep % 2 == 0 else ("e2e", "proxy"):
                 set_mode(lab, mode)
+                # Set again before every run: the traces start over with its first frame, so proxy
+                # and end-to-end meet the same capacity, second by second.
+                set_profile(lab, profile)
                 r = one_run(lab, seconds)
                 samples[mode].append(r)
                 print(f"{profile:10} rep {rep + 1}/{reps} {mode:5}: bulk {r['bulk_mbps']:6.2f} Mbit/s, 1 KB "
