@@ -17,7 +17,7 @@ import socket
 from . import service
 from .config import Config, ConfigError, FieldError
 from .hostinfo import HostInfo, maxconn_for
-from .names import REGISTER, TRUNK_PREF, graph_names, instance_names, netns_path, supervisor_unit
+from .names import EXPORTER_UNIT, REGISTER, TRUNK_PREF, graph_names, instance_names, netns_path, unit_name
 from .runner import run
 
 
@@ -39,11 +39,17 @@ def problems(cfg: Config, info: HostInfo) -> list[FieldError]:
                 f"{service.UNIT_FILE}), which does not exist here; create it with `useradd --system --user-group "
                 f"--no-create-home --shell /usr/sbin/nologin {info.proxy_user}` (scripts/setup does)")
         if service.backend(cfg.host.supervisor) == "systemd":
-            unit = supervisor_unit(instance_names(cfg))
+            unit = unit_name(instance_names(cfg))
             if run(["systemctl", "cat", unit], check=False).returncode != 0:
                 bad("host.supervisor", cfg.host.supervisor, f"systemd runs this host but has no {unit}: install "
                     f"{service.UNIT_FILE} into /etc/systemd/system and run `systemctl daemon-reload`, or set "
                     "supervisor = \"pepctl\"")
+    if cfg.host.metrics_port and service.backend(cfg.host.supervisor) == "systemd":
+        unit = unit_name(instance_names(cfg), EXPORTER_UNIT)
+        if run(["systemctl", "cat", unit], check=False).returncode != 0:
+            bad("host.metrics_port", cfg.host.metrics_port, f"systemd runs this host but has no {unit}: install "
+                f"{service.EXPORTER_UNIT_FILE} into /etc/systemd/system and run `systemctl daemon-reload`, "
+                "or set metrics_port = 0 (no metrics)")
     out += paths(cfg)
     if any(g.proxy.enabled for g in cfg.graphs):
         graphs = sum(g.proxy.enabled for g in cfg.graphs)

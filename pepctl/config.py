@@ -395,7 +395,7 @@ def stats_socket(run_dir: str, instance: str) -> str:
 
 
 def supervisor_unit_len(run_dir: str, instance: str) -> int:
-    """The length of pepctl/names.py supervisor_unit(): pep-supervisor@<run_dir/INSTANCE, as
+    """The length of pepctl/names.py unit_name(): pep-supervisor@<run_dir/INSTANCE, as
     systemd-escape --path writes it>.service, for a path that path_problem() passed (its only
     characters systemd escapes are '-', and '.' at the start, each as \\xNN)."""
     esc = f"{run_dir}/{instance}".strip("/")

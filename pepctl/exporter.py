@@ -49,7 +49,6 @@ FAILOPEN_BATCH = 16
 SAMPLE_BATCH = 16
 RECORDS_PER_TICK = 100_000      # pops per second at most: the queue holds RECORDS_MAX
 LOG_MAX_BYTES = 256 << 20       # the experiment log is rotated to .1 beyond this
-SIDES = ("access", "origin")
 # enum flow_counter -> (metric, label value); the rest are per-graph table events.
 FLOW_VERDICTS = {"flows_proxied": "proxied", "flows_bypass_rule": "bypass_rule",
                  "flows_bypass_failopen": "bypass_failopen", "flows_bypass_control": "bypass_control",
@@ -79,11 +78,11 @@ class Histogram:
 
 
 def _labels(names: tuple[str, ...], values: tuple) -> str:
+    """{k="v",...}, values escaped as the text format wants (backslash, quote, newline)."""
     if not names:
         return ""
-    inner = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-                     for k, v in zip(names, values, strict=True))
-    return "{" + inner + "}"
+    escaped = (str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") for v in values)
+    return "{" + ",".join(f'{k}="{v}"' for k, v in zip(names, escaped, strict=True)) + "}"
 
 
 class Exposition:

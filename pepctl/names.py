@@ -147,9 +147,10 @@ def stable_mac(instance: str, graph: str, link: str) -> str:
     return ":".join(f"{b:02x}" for b in octets)
 
 
-def supervisor_unit(n: InstanceNames, template: str = SUPERVISOR_UNIT) -> str:
-    """pep-supervisor@<escaped instance folder>.service (or another template's): `systemd-escape
-    --path` of the folder, which the unit gets back unescaped as %f."""
+def unit_name(n: InstanceNames, template: str = SUPERVISOR_UNIT) -> str:
+    """The instance's unit of a template (pep-supervisor@.service, pep-exporter@.service):
+    TEMPLATE@<escaped instance folder>.service, `systemd-escape --path` of the folder, which the
+    unit gets back unescaped as %f."""
     return template.replace("@", "@" + systemd_escape_path(n.dir))
 
 

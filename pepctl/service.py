@@ -30,12 +30,13 @@ import time
 
 from haproxy.supervise import haproxy_pids, is_our_haproxy, read_state
 
-from .names import EXPORTER_UNIT, SUPERVISOR_UNIT, InstanceNames, supervisor_unit
+from .names import EXPORTER_UNIT, SUPERVISOR_UNIT, InstanceNames, unit_name
 from .runner import Call, StepError, action, pid_alive, read_pid, remove_file, run, stop_pid
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNITS_DIR = os.path.join(REPO, "etc", "systemd")
 UNIT_FILE = os.path.join(UNITS_DIR, SUPERVISOR_UNIT)
+EXPORTER_UNIT_FILE = os.path.join(UNITS_DIR, EXPORTER_UNIT)
 EXPORTER_READY_TIMEOUT = 30.0
 INSTALLED_AT = "/opt/pep"        # where the unit files expect the checkout
 PEPCTL = os.path.join(REPO, "scripts", "pepctl")
@@ -75,8 +76,8 @@ def _seconds(text: str) -> float:
     return float(m.group(1)) * {"ms": 0.001, "s": 1, None: 1, "min": 60}[m.group(2)]
 
 
-def supervisor_argv(unit: dict[str, list[str]], instance_dir: str) -> list[str]:
-    """The unit's ExecStart for this instance, run under its user and capabilities by setpriv."""
+def unit_argv(unit: dict[str, list[str]], instance_dir: str) -> list[str]:
+    """A unit's ExecStart for this instance, run under its user and capabilities by setpriv."""
     exec_start = unit_value(unit, "ExecStart").replace("%f", instance_dir).replace(INSTALLED_AT, REPO).split()
     caps = ",".join(f"+{c.lower().removeprefix('cap_')}" for c in unit_value(unit, "AmbientCapabilities").split())
     bounding = ",".join(f"+{c.lower().removeprefix('cap_')}" for c in
@@ -120,7 +121,7 @@ def keep(instance_dir: str, journal: str, go_fd: int | None = None, unit_name: s
         print(f"keeper: unknown unit {unit_name}; use {SUPERVISOR_UNIT} or {EXPORTER_UNIT}", flush=True)
         return 2
     unit = read_unit(os.path.join(UNITS_DIR, unit_name))
-    argv = supervisor_argv(unit, instance_dir)
+    argv = unit_argv(unit, instance_dir)
     delay = _seconds(unit_value(unit, "RestartSec", "100ms"))
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     stopping: list[int] = []
@@ -174,7 +175,7 @@ def backend(choice: str) -> str:
 
 
 def start_call(n: InstanceNames, how: str) -> tuple[Call, Call]:
-    unit = supervisor_unit(n)
+    unit = unit_name(n)
     shown = f"systemctl start {unit}" if how == "systemd" else \
         f"{PEPCTL} keep {n.dir} {n.journal} >{n.keeper_log} 2>&1 &   # pid -> {n.keeper_pid}"
     start = Call("start_supervisor", (how, n.dir, n.journal, n.keeper_pid, n.keeper_log, n.supervisor_state,
@@ -185,7 +186,7 @@ def start_call(n: InstanceNames, how: str) -> tuple[Call, Call]:
 
 
 def exporter_calls(n: InstanceNames, how: str, address: str, port: int) -> tuple[Call, Call]:
-    unit = supervisor_unit(n, EXPORTER_UNIT)
+    unit = unit_name(n, EXPORTER_UNIT)
     shown = f"systemctl start {unit}" if how == "systemd" else \
         f"{PEPCTL} keep {n.dir} {n.journal} --unit {EXPORTER_UNIT} >{n.exporter_log} 2>&1 &   # pid -> " \
         f"{n.exporter_keeper_pid}"

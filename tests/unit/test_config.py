@@ -571,7 +571,7 @@ def test_run_dir_at_its_longest_is_taken_and_the_names_fit():
     n = names.instance_names(cfg)
     assert n.haproxy_sock_longest == stats_socket(cfg.host.run_dir, "pep1")
     assert len(n.haproxy_sock_longest) == STATS_SOCKET_MAX, n.haproxy_sock_longest
-    assert len(names.supervisor_unit(n)) == supervisor_unit_len(cfg.host.run_dir, "pep1"), names.supervisor_unit(n)
+    assert len(names.unit_name(n)) == supervisor_unit_len(cfg.host.run_dir, "pep1"), names.unit_name(n)
     (e,) = errors_of(edit(('nic = "eth1"', f'nic = "eth1"\nrun_dir = "{longest}z"')))
     assert (e.field, e.line) == ("host.run_dir", 4) and "stats socket" in e.message, str(e)
 

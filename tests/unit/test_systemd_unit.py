@@ -107,7 +107,7 @@ def test_supervisor_runs_as_its_own_user_with_only_the_documented_capabilities()
 
 def test_keeper_runs_the_unit_as_systemd_would():
     """Where there is no systemd, pepctl's keeper starts the supervisor from this same unit."""
-    argv = service.supervisor_argv(service.read_unit(SUPERVISOR), "/run/pep/pep1")
+    argv = service.unit_argv(service.read_unit(SUPERVISOR), "/run/pep/pep1")
     sep = argv.index("--")
     opts, cmd = argv[:sep], argv[sep + 1:]
     assert opts[0] == "setpriv" and "--reuid=pep" in opts and "--regid=pep" in opts and "--no-new-privs" in opts
@@ -134,7 +134,7 @@ def test_exporter_unit_bounds_its_capabilities_and_the_keeper_applies_them():
     got = set(service.unit_value(unit, "CapabilityBoundingSet").split())
     assert got == EXPORTER_CAPS, f"{EXPORTER}: CapabilityBoundingSet= {sorted(got)}, expected {sorted(EXPORTER_CAPS)}"
     assert service.unit_value(unit, "Restart") == "always"
-    argv = service.supervisor_argv(unit, "/run/pep/pep1")
+    argv = service.unit_argv(unit, "/run/pep/pep1")
     sep = argv.index("--")
     opts, cmd = argv[:sep], argv[sep + 1:]
     assert "--bounding-set=-all,+bpf,+sys_admin,+dac_override,+net_bind_service" in opts, opts
