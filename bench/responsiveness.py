@@ -6,19 +6,21 @@ stops, deep drop-tail buffers), proxy and end-to-end alternate REPS times on the
   e2e    every lab client bypassed (a bypass rule): CUBIC end to end fills the buffer
 Each run starts the link's traces over (the profile is set again), so both modes meet the same
 capacity second by second. Each run, for SECONDS:
-  bulk        one download of the lab's 50 MB object: its goodput (what arrived / the time)
-  small       a 1 KB request-response on a connection of its own every 200 ms: its time
-              (curl's time_total, handshake included): p50, p95, p99
+  bulk        one download of the lab's 1 GB object, cut at SECONDS: its goodput (what arrived / the time)
+  small       a 1 KB request-response on a connection of its own every 200 ms, on a fixed
+              schedule (bench/probe_requests.py: a slow one does not hold back the next): its
+              time from connect to the last byte: p50, p95, p99 of every run's requests together
   page        30 objects over 6 connections (curl --parallel: 10 of 100 KB, 20 of 1 KB), started
               3 s into the download: its completion time
-Reported: medians over reps, and the ratios proxy / e2e (above 1 for goodput; for times, e2e /
-proxy, so above 1 means the PEP is better); JSON, a plot of request time and goodput over one
-run's time, and a markdown table.
+Reported: medians over reps (request times: percentiles over every rep's requests together), and
+the ratios proxy / e2e (above 1 for goodput; for times, e2e / proxy, so above 1 means the PEP is
+better); JSON, a plot of request time over one run's time, and a markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -26,12 +28,14 @@ import threading
 import time
 from contextlib import ExitStack
 
-from netns.handle import LabHandle
+from netns.handle import PYTHON, REPO, LabHandle
 
 from .common import RESULTS, git_rev, labs, median, write_report
 from .pep_gain import set_mode
 
-URL = "http://198.19.0.10"
+ORIGIN = "198.19.0.10"
+URL = f"http://{ORIGIN}"
+PROBE_INTERVAL = 0.2   # a 1 KB request every 200 ms, on a connection of its own
 PAGE = [f"{URL}/{obj}?{i}" for i, obj in enumerate(["100k"] * 10 + ["1k"] * 20)]   # 30 objects, about 1 MB
 PROFILES = ["lte-trace", "5g-trace", "3g-trace"]
 
@@ -47,35 +51,48 @@ def percentile(xs: list[float], p: float) -> float:
 
 
 def one_run(lab: LabHandle, seconds: float) -> dict:
-    """The bulk download, small requests beside it, and a page load 3 s in."""
+    """The bulk download, small requests beside it on a fixed schedule, and a page load 3 s in."""
     bulk = lab.popen("client", "curl", "-s", "-o", "/dev/null", "-m", f"{seconds:g}", "-w",
-                     "%{size_download} %{time_total}", f"{URL}/50m")
-    started = time.monotonic()
-    small: list[tuple[float, float]] = []   # (offset s, request time s)
-    page: dict = {}
-
-    def load_page():
-        time.sleep(3)
-        out = lab.run("client", "curl", "-s", "--parallel", "--parallel-max", "6", "-m", f"{seconds:g}",
-                      *[a for u in PAGE for a in ("-o", "/dev/null", u)], "-w", "%{time_total}\n",
-                      check=False, timeout=seconds + 30)
-        page["s"] = time.monotonic() - started - 3 if out.returncode == 0 else float("nan")
-
-    pager = threading.Thread(target=load_page)
-    pager.start()
-    while time.monotonic() - started < seconds - 1:
-        t = time.monotonic()
-        out = lab.run("client", "curl", "-s", "-o", "/dev/null", "-m", "10", "-H", "Connection: close", "-w",
-                      "%{time_total}", f"{URL}/1k?{len(small)}", check=False, timeout=20)
-        if out.returncode == 0:
-            small.append((t - started, float(out.stdout)))
-        time.sleep(max(0.0, 0.2 - (time.monotonic() - t)))
-    pager.join()
+                     "%{size_download} %{time_total}", f"{URL}/1g")
+    probe = lab.popen("client", PYTHON, "-m", "bench.probe_requests", ORIGIN, "--seconds", f"{seconds - 1:g}",
+                      "--interval", f"{PROBE_INTERVAL:g}", cwd=REPO)
+    received: list[tuple[float, int]] = []   # (offset s, bytes the client has received)
+    stop = threading.Event()
+    sampler = threading.Thread(target=sample_received, args=(lab, received, stop))
+    sampler.start()
+    time.sleep(3)
+    t = time.monotonic()
+    out = lab.run("client", "curl", "-s", "--parallel", "--parallel-max", "6", "-m", f"{seconds:g}",
+                  *[a for u in PAGE for a in ("-o", "/dev/null", u)], check=False, timeout=seconds + 30)
+    page_s = time.monotonic() - t if out.returncode == 0 else float("nan")
+    probed = json.loads(probe.communicate(timeout=seconds + 30)[0])
     size, secs = (float(x) for x in bulk.communicate(timeout=seconds + 30)[0].split())
-    times = [x for _, x in small]
-    return {"bulk_mbps": size * 8 / secs / 1e6 if secs else 0.0, "small_p50_ms": percentile(times, 50) * 1000,
-            "small_p95_ms": percentile(times, 95) * 1000, "small_p99_ms": percentile(times, 99) * 1000,
-            "small_count": len(times), "page_s": page.get("s", float("nan")), "small_series": small}
+    stop.set()
+    sampler.join()
+    times = [x for _, x in probed["samples"]]
+    return {"bulk_mbps": size * 8 / secs / 1e6 if secs else 0.0, **small_percentiles(times),
+            "small_count": len(times), "small_failed": probed["failed"], "page_s": page_s,
+            "small_series": probed["samples"], "goodput_series": rate_series(received)}
+
+
+def sample_received(lab: LabHandle, into: list, stop: threading.Event) -> None:
+    """Every 500 ms, the bytes the client's interfaces have received (/proc/net/dev of its netns)."""
+    started = time.monotonic()
+    while not stop.wait(0.5):
+        lines = lab.run("client", "cat", "/proc/net/dev").stdout.splitlines()[2:]
+        names_counters = [line.split(":", 1) for line in lines]
+        into.append((time.monotonic() - started,
+                     sum(int(counters.split()[0]) for name, counters in names_counters if name.strip() != "lo")))
+
+
+def rate_series(received: list[tuple[float, int]]) -> list[list[float]]:
+    """(offset s, Mbit/s) between consecutive samples."""
+    return [[round(t1, 2), round((b1 - b0) * 8 / (t1 - t0) / 1e6, 3)]
+            for (t0, b0), (t1, b1) in zip(received, received[1:], strict=False)]
+
+
+def small_percentiles(times: list[float]) -> dict:
+    return {f"small_p{p}_ms": percentile(times, p) * 1000 for p in (50, 95, 99)}
 
 
 KEYS = ("bulk_mbps", "small_p50_ms", "small_p95_ms", "small_p99_ms", "page_s")
@@ -97,7 +114,11 @@ def run_profiles(lab: LabHandle, profiles: list[str], reps: int, seconds: float)
                       f"p50/p95/p99 {r['small_p50_ms']:6.0f}/{r['small_p95_ms']:6.0f}/{r['small_p99_ms']:6.0f} ms, "
                       f"page {r['page_s']:5.2f} s", flush=True)
         set_mode(lab, "proxy")
-        med = {m: {k: median([r[k] for r in samples[m]]) for k in KEYS} for m in samples}
+        # Goodput and page load: medians over runs. Request times: percentiles of every run's
+        # requests together (a p99 of one run's 100 requests is its second-worst; of 500, its fifth).
+        med = {m: {k: median([r[k] for r in samples[m]]) for k in ("bulk_mbps", "page_s")} for m in samples}
+        for m in samples:
+            med[m].update(small_percentiles([x for r in samples[m] for _, x in r["small_series"]]))
         ratio = {k: (med["proxy"][k] / med["e2e"][k] if k == "bulk_mbps" else med["e2e"][k] / med["proxy"][k])
                  for k in KEYS}
         results.append({"profile": profile, "samples": samples, "proxy": med["proxy"], "e2e": med["e2e"],
@@ -120,18 +141,26 @@ def table(results: list[dict]) -> list[list[str]]:
 
 def plot_runs(results: list[dict]):
     def plot(plt):
-        fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.6), squeeze=False)
-        for ax, c in zip(axes[0], results, strict=True):
+        fig, axes = plt.subplots(2, len(results), figsize=(5 * len(results), 6), squeeze=False, sharex="col")
+        for col, c in enumerate(results):
+            delay, goodput = axes[0][col], axes[1][col]
             for mode, colour in (("proxy", "tab:green"), ("e2e", "tab:grey")):
-                series = c["samples"][mode][0]["small_series"]
-                ax.plot([t for t, _ in series], [x * 1000 for _, x in series], ".-", color=colour, ms=3,
-                        label=f"{mode}: bulk {c[mode]['bulk_mbps']:.1f} Mbit/s")
-            ax.set_yscale("log")
-            ax.set_xlabel("seconds into the download")
-            ax.set_ylabel("1 KB request time, ms")
-            ax.set_title(f"{c['profile']}: p95 gain {c['ratio']['small_p95_ms']:.1f}x", fontsize=9)
-            ax.legend(fontsize=7)
-        fig.suptitle("Latency under load: a 1 KB request every 200 ms while a 50 MB download runs")
+                run = c["samples"][mode][0]
+                delay.plot([t for t, _ in run["small_series"]], [x * 1000 for _, x in run["small_series"]], ".-",
+                           color=colour, ms=3, label=f"{mode}: p95 {c[mode]['small_p95_ms']:.0f} ms")
+                goodput.plot([t for t, _ in run["goodput_series"]], [r for _, r in run["goodput_series"]], "-",
+                             color=colour, label=f"{mode}: download {c[mode]['bulk_mbps']:.1f} Mbit/s")
+            delay.set_yscale("log")
+            delay.set_ylabel("1 KB request time, ms")
+            delay.set_title(f"{c['profile']}: p95 gain {c['ratio']['small_p95_ms']:.2f}x, "
+                            f"page gain {c['ratio']['page_s']:.2f}x", fontsize=9)
+            goodput.set_ylabel("client receives, Mbit/s")
+            goodput.set_xlabel("seconds into the download (first run)")
+            for ax in (delay, goodput):
+                ax.axvline(3, color="tab:blue", lw=0.8, ls=":")   # the page load starts
+                ax.legend(fontsize=7)
+        fig.suptitle("Latency under load: a 1 KB request every 200 ms while a download runs "
+                     "(dotted: the page load starts)")
         fig.tight_layout()
         return fig
     return plot
@@ -150,7 +179,7 @@ def write_markdown(path: str, results: list[dict], reps: int, command: str) -> N
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench responsiveness", description=__doc__.splitlines()[0])
     ap.add_argument("--profiles", default=",".join(PROFILES), help="linkem profiles (linkem/profiles.toml)")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=20, help="length of each run (the bulk download's cap)")
     ap.add_argument("--name", default="responsiveness", help="results/NAME.json, .png and .md")
     args = ap.parse_args(argv)

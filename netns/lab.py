@@ -45,6 +45,9 @@ END_HOST_SYSCTLS = [
     ("net.ipv4.tcp_wmem", "4096 65536 33554432"),
 ]
 OBJECT_SIZES = {"1k": 1024, "100k": 100 * 1024, "1m": 1 << 20, "10m": 10 << 20, "50m": 50 << 20}
+# A download that outlasts any timed run, even on the fastest profile: sparse (zeros, no memory or
+# disk), so only for loads whose content does not matter.
+ENDLESS_OBJECT = ("1g", 1 << 30)
 
 
 def lab_name() -> str:
@@ -263,6 +266,8 @@ class Lab:
             *[Step(f"origin object /{name} ({size} random bytes)",
                    ["sh", "-c", f"head -c {size} /dev/urandom > {os.path.join(www, name)}"])
               for name, size in OBJECT_SIZES.items()],
+            Step(f"origin object /{ENDLESS_OBJECT[0]} ({ENDLESS_OBJECT[1]} bytes, sparse)",
+                 ["truncate", "-s", str(ENDLESS_OBJECT[1]), os.path.join(www, ENDLESS_OBJECT[0])]),
             Step("write nginx config", Call("write", (conf, NGINX_CONF.format(run=self.run_dir, www=www)), conf)),
             daemon_step(f"start nginx in {og}", ["ip", "netns", "exec", og, "nginx", "-c", conf, "-g", "daemon off;"],
                         os.path.join(self.run_dir, "nginx.pid"), os.path.join(self.run_dir, "nginx.out"),

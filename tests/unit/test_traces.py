@@ -16,19 +16,39 @@ make_traces = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(make_traces)
 
 
-@pytest.mark.parametrize("name", sorted(make_traces.TRACES))
-def test_shipped_trace_is_the_models_and_valid(name):
-    with open(os.path.join(TRACES_DIR, f"{name}.trace")) as f:
-        shipped = [int(line) for line in f]
-    assert shipped == make_traces.trace(*make_traces.TRACES[name]), \
+def read_trace(link: str, direction: str) -> list[int]:
+    with open(os.path.join(TRACES_DIR, f"{link}-{direction}.trace")) as f:
+        return [int(line) for line in f]
+
+
+def gaps(ms: list[int], at_least: int) -> list[tuple[int, int]]:
+    """The silences of at least at_least ms: (start, end) in ms."""
+    return [(a, b) for a, b in zip(ms, ms[1:], strict=False) if b - a >= at_least]
+
+
+@pytest.mark.parametrize("link", sorted(make_traces.LINKS))
+@pytest.mark.parametrize("direction", make_traces.DIRECTIONS)
+def test_shipped_trace_is_the_models_and_valid(link, direction):
+    name = f"{link}-{direction}"
+    shipped = read_trace(link, direction)
+    assert shipped == make_traces.trace(link, direction), \
         f"linkem/traces/{name}.trace is not what make_traces.py makes: run it again and commit"
     assert all(a <= b for a, b in zip(shipped, shipped[1:], strict=False)), f"{name}: times must not decrease"
-    mean_mbit, seconds = make_traces.TRACES[name][:2]
+    down, up, seconds = make_traces.LINKS[link][:3]
+    mean_mbit = down if direction == "down" else up
     got = len(shipped) * 1500 * 8 / (shipped[-1] / 1000) / 1e6
     assert 0.5 * mean_mbit < got < 1.5 * mean_mbit, f"{name}: mean {got:.1f} Mbit/s, the model's {mean_mbit}"
-    gaps = [b - a for a, b in zip(shipped, shipped[1:], strict=False)]
-    if name.endswith("-down"):   # the up traces' own draws gave them none in their short length
-        assert max(gaps) >= 100, f"{name}: no outage of 100 ms or more in {seconds} s"
+    assert gaps(shipped, 100), f"{name}: no outage of 100 ms or more in {seconds} s"
+
+
+@pytest.mark.parametrize("link", sorted(make_traces.LINKS))
+def test_outages_stop_both_directions_at_once(link):
+    """A radio that stops, stops both ways: each outage of the downlink is silence on the uplink."""
+    down, up = read_trace(link, "down"), read_trace(link, "up")
+    for start, end in gaps(down, 100):
+        # the uplink's capacity fills what the outage left at its edges: look inside by one step
+        inside = [t for t in up if start + make_traces.STEP_MS < t < end - make_traces.STEP_MS]
+        assert not inside, f"{link}: the downlink is silent {start}..{end} ms, the uplink sends at {inside[:3]}"
 
 
 @pytest.mark.parametrize("profile", ["lte-trace", "5g-trace", "3g-trace"])
