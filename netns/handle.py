@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 
+from netns.lab import node_netns
 from pepctl.runner import Journal
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,7 +49,7 @@ class LabHandle:
         self.run_dir = f"/run/peplab/{self.rid}"
 
     def netns(self, node: str) -> str:
-        return f"pl{self.rid}-{node}"
+        return node_netns(f"pl{self.rid}", node)
 
     def argv(self, node: str, *cmd: str) -> list[str]:
         return ["ip", "netns", "exec", self.netns(node), *cmd]

@@ -79,11 +79,9 @@ class Lab:
         return os.path.join(self.run_dir, "linkem.sock")
 
     def netns(self, node: str) -> str:
-        if node in ("pep", "link"):
-            return f"{self.prefix}-{node}"
-        if node not in NODES:
+        if node not in self.nodes and node not in ("pep", "link"):
             raise KeyError(node)
-        return f"{self.prefix}-{node}"
+        return node_netns(self.prefix, node)
 
     @property
     def pep_config(self) -> str:
@@ -182,23 +180,10 @@ class Lab:
     def steered_core_steps(self, opts: argparse.Namespace) -> list[Step]:
         """The real thing: one 802.1Q trunk, the switch and the proxy host steering with tc BPF."""
         sw, ph = self.netns("switch"), self.netns("proxyhost")
-        steps = [Step("cable trunk switch <-> proxyhost nic0", ["ip", "-n", sw, "link", "add", "trunk", "type", "veth",
-                                                                 "peer", "name", "nic0", "netns", ph])]
-        steps += quiet_port_steps(((sw, "trunk"), (ph, "nic0")))
-        # A host has its loopback up: HAProxy's exporter listens there (127.0.0.1:9101).
-        steps.append(Step(f"bring up {ph}/lo", ["ip", "-n", ph, "link", "set", "lo", "up"]))
-        # The switch: the project's own steering programs, tagging its access ports.
-        steps += steering_load_steps(self.switch_pins, "trunk", sw)
-        access_ports = [(ACCESS_VLAN, "p-client"), (ORIGIN_VLAN, "p-origin")]
-        steps.append(steer_ports_step(self.switch_pins, access_ports, "trunk", sw))
-        steps.append(Step("tag the switch's access ports", in_netns(sw, ["tc", "-batch", "-"]),
-                          input=port_attach_batch(self.switch_pins, [p for _, p in access_ports])))
-        steps.append(trunk_attach_step(self.switch_pins, "trunk", sw))
+        steps = switch_steps(sw, ph, self.switch_pins)
         steps.append(Step("write the proxy host's pepctl config",
                           Call("write", (self.pep_config, self.render_pep(opts)), self.pep_config)))
-        pepctl = [os.path.join(REPO, "scripts", "pepctl"), "-c", self.pep_config]
-        steps.append(Step(f"pepctl up in {ph}", in_netns(ph, [*pepctl, "up"]),
-                          undo=in_netns(ph, [*pepctl, "down"])))
+        steps.append(pepctl_up_step(ph, self.pep_config))
         return steps
 
     def plain_core_steps(self) -> list[Step]:
@@ -405,6 +390,38 @@ addresses = ["{o4 + 1}/28", "2001:2:0:{0x8000 + i:x}::1/64"]
 {proxy}"""
 
 
+def switch_steps(sw: str, ph: str, pins: str) -> list[Step]:
+    """A switch with two access ports, p-client (VLAN 100) and p-origin (VLAN 200), and a trunk to
+    the proxy host's nic0. It runs the project's own steering programs, tagging its access ports
+    (no 8021q here)."""
+    steps = [Step(f"cable trunk {sw} <-> {ph}/nic0", ["ip", "-n", sw, "link", "add", "trunk", "type", "veth",
+                                                       "peer", "name", "nic0", "netns", ph])]
+    steps += quiet_port_steps(((sw, "trunk"), (ph, "nic0")))
+    # A host has its loopback up: HAProxy's exporter listens there (127.0.0.1:9101).
+    steps.append(Step(f"bring up {ph}/lo", ["ip", "-n", ph, "link", "set", "lo", "up"]))
+    steps += steering_load_steps(pins, "trunk", sw)
+    access_ports = [(ACCESS_VLAN, "p-client"), (ORIGIN_VLAN, "p-origin")]
+    steps.append(steer_ports_step(pins, access_ports, "trunk", sw))
+    steps.append(Step(f"tag the access ports of {sw}", in_netns(sw, ["tc", "-batch", "-"]),
+                      input=port_attach_batch(pins, [p for _, p in access_ports])))
+    steps.append(trunk_attach_step(pins, "trunk", sw))
+    return steps
+
+
+def pepctl_up_step(ph: str, config: str) -> Step:
+    """The proxy host runs pepctl exactly as a real one does."""
+    pepctl = [os.path.join(REPO, "scripts", "pepctl"), "-c", config]
+    return Step(f"pepctl up in {ph}", in_netns(ph, [*pepctl, "up"]), undo=in_netns(ph, [*pepctl, "down"]))
+
+
+def node_netns(prefix: str, node: str) -> str:
+    """A lab node's namespace. pepN is proxy host N's graph (pepctl names it INSTANCE-GRAPH; the
+    instance of host N is the lab's prefix and N), pep the one-host lab's."""
+    if node.startswith("pep") and node[3:].isdigit():
+        return f"{prefix}{node[3:]}-pep"
+    return f"{prefix}-{node}"
+
+
 def quiet_port_steps(ports) -> list[Step]:
     """Links that carry frames, not addresses: no IPv6 link-local chatter, then up."""
     steps = []
@@ -458,54 +475,3 @@ http {{
     }}
 }}
 """
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="pep-lab", description="the one-host lab of the PEP appliance")
-    sub = ap.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="build the lab and bring the proxy host up with pepctl")
-    up.add_argument("--no-proxy", action="store_true", help="the pep namespace only routes")
-    up.add_argument("--link", metavar="PROFILE",
-                    help="put the access-link emulator between client and switch (profiles: linkem/profiles.toml)")
-    up.add_argument("--plain", action="store_true",
-                    help="benchmark baseline: no VLANs, no BPF steering, no pepctl: Linux bridges, pep only routes")
-    up.add_argument("--interception", choices=("bpf", "nft", "route"), default="bpf")
-    up.add_argument("--ports", default="all", help='intercepted TCP ports: "all" or a list like 80,443,8000-8080 '
-                    '(route interception needs a list; it gets 80 when given "all")')
-    up.add_argument("--splice", choices=("both", "auto", "off"), default="both")
-    up.add_argument("--mode", choices=("tcp", "http"), default="tcp")
-    up.add_argument("--no-metrics", action="store_true", help="no metrics exporter (metrics_port = 0)")
-    up.add_argument("--control-fraction", type=float, default=0.0, metavar="F",
-                    help="the experiment: a share F of subscribers bypassed as the control group (default 0: off)")
-    up.add_argument("--graphs", type=int, default=1, metavar="N",
-                    help=f"graphs on the proxy host: the lab's own, and N-1 more without hosts (max {MAX_GRAPHS})")
-    sub.add_parser("down", help="remove everything the lab made")
-    lk = sub.add_parser("link", help="change the access link live: link PROFILE [KEY=VALUE...]")
-    lk.add_argument("profile")
-    lk.add_argument("overrides", nargs="*", help="linkem parameters, e.g. down.rate=100M loss=1 delay=25")
-    st = sub.add_parser("status", help="namespaces, steering counters, HAProxy sessions")
-    st.add_argument("--json", action="store_true")
-    ex = sub.add_parser("exec", help="run a command in a node: exec NODE -- CMD...")
-    ex.add_argument("node")
-    ex.add_argument("cmd", nargs=argparse.REMAINDER)
-    args = ap.parse_args(argv)
-    if args.command == "up" and not 1 <= args.graphs <= MAX_GRAPHS:
-        ap.error(f"--graphs {args.graphs}: use 1-{MAX_GRAPHS}")
-    if os.geteuid() != 0:
-        print("pep-lab: must run as root (it creates namespaces)", file=sys.stderr)
-        return 1
-    lab = Lab(lab_name())
-    if args.command == "up":
-        return lab.up(args)
-    if args.command == "down":
-        return lab.down()
-    if args.command == "status":
-        return lab.status(args.json)
-    if args.command == "link":
-        return lab.set_link(args.profile, args.overrides)
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    return lab.exec(args.node, cmd)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

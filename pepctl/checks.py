@@ -12,9 +12,10 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shutil
 import socket
 
-from . import service
+from . import routing, service
 from .config import Config, ConfigError, FieldError
 from .hostinfo import HostInfo, maxconn_for
 from .names import EXPORTER_UNIT, REGISTER, TRUNK_PREF, graph_names, instance_names, netns_path, unit_name
@@ -50,6 +51,12 @@ def problems(cfg: Config, info: HostInfo) -> list[FieldError]:
             bad("host.metrics_port", cfg.host.metrics_port, f"systemd runs this host but has no {unit}: install "
                 f"{service.EXPORTER_UNIT_FILE} into /etc/systemd/system and run `systemctl daemon-reload`, "
                 "or set metrics_port = 0 (no metrics)")
+    if cfg.routing is not None:
+        missing = [d for d in routing.FRR_DAEMONS if not os.access(f"{routing.FRR_BIN}/{d}", os.X_OK)]
+        if missing or shutil.which("vtysh") is None:
+            bad("routing", "", f"[routing] runs FRR, and this host lacks {', '.join(missing) or 'vtysh'} "
+                f"(in {routing.FRR_BIN}); install Debian's frr package (scripts/setup does), or leave [routing] "
+                "out on a host that is the only one")
     out += paths(cfg)
     if any(g.proxy.enabled for g in cfg.graphs):
         graphs = sum(g.proxy.enabled for g in cfg.graphs)

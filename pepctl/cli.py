@@ -17,7 +17,7 @@ import traceback
 
 from haproxy import supervise
 
-from . import bypass, checks, exporter, hostinfo, plan, report, service, status
+from . import bypass, checks, drain, exporter, hostinfo, plan, report, service, status
 from . import config as configmod
 from .lock import InstanceLock, LockBusy
 from .names import instance_names
@@ -115,7 +115,14 @@ def cmd_up(args, out) -> int:
 
 
 def cmd_down(args, out) -> int:
-    cfg = configmod.load(args.config)
+    try:
+        cfg = configmod.load(args.config)
+    except configmod.ConfigError as e:
+        # What to undo is in the journal, not the config: a config this pepctl no longer takes (its
+        # checks grew since `up`) must not keep an instance up. [host] finds the journal.
+        cfg = configmod.load(args.config, host_only=True)
+        print(f"pepctl down: notice: {args.config} no longer passes the checks ({e.errors[0]}); "
+              "taking down what the journal says was made", file=sys.stderr)
     n = instance_names(cfg)
     if not os.path.exists(n.journal):
         print(f"instance {cfg.host.instance} is not up (no {n.journal}); nothing to do", file=out)
@@ -284,6 +291,24 @@ def _old_config(journal: Journal, cfg, g):
     return next((o for o in installed_config(journal, cfg).graphs if o.name == g.name), g)
 
 
+def cmd_drain(args, out) -> int:
+    cfg = configmod.load(args.config)
+    n = instance_names(cfg)
+    with locked(cfg, "drain", args):
+        journal = Journal(n.journal)
+        if not journal.complete:
+            print(f"pepctl drain: instance {cfg.host.instance} is not up", file=sys.stderr)
+            return 1
+        try:
+            drain.check_drainable(cfg)
+            if args.undo:
+                return drain.undo(cfg, out)
+            return drain.drain(cfg, installed_config(journal, cfg), args.timeout, out)
+        except (StepError, bypass.RuleError) as e:
+            print(f"pepctl drain: {e}", file=sys.stderr)
+            return 1
+
+
 def cmd_supervise(args, out) -> int:
     return supervise.main(args.instance_dir)
 
@@ -309,12 +334,13 @@ COMMANDS = {
     "reload": (cmd_reload, "apply a changed proxy config without dropping connections"),
     "bypass": (cmd_bypass, "per-flow bypass rules: add|del|list|sync (new flows only)"),
     "report": (cmd_report, "the PEP's gain on live traffic: the experiment's treated vs control flows"),
+    "drain": (cmd_drain, "[routing] hand this host's shares to their other hosts, losing no connection"),
     "supervise": (cmd_supervise, "(run by the supervisor's unit or keeper) supervise HAProxy"),
     "exporter": (cmd_exporter, "(run by the exporter's unit or keeper) serve the instance's metrics"),
     "keep": (cmd_keep, "(run by `up` where there is no systemd) keep the supervisor or the exporter running"),
 }
 NO_CONFIG = ("supervise", "exporter", "keep")
-LOCKING = ("up", "down", "reload", "bypass")
+LOCKING = ("up", "down", "reload", "bypass", "drain")
 
 
 def main(argv: list[str] | None = None, out=sys.stdout) -> int:
@@ -346,6 +372,10 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
             p.add_argument("--unit", default=service.SUPERVISOR_UNIT, help="the unit to run (default %(default)s)")
         if name == "report":
             report.add_arguments(p)
+        if name == "drain":
+            p.add_argument("--timeout", type=float, default=600, metavar="SECONDS",
+                           help="withdraw the shares after this long even if connections remain (default 600)")
+            p.add_argument("--undo", action="store_true", help="announce the shares again")
     args = ap.parse_args(argv)
     args.config = os.path.abspath(args.config)
     if args.command not in ("plan", "supervise") and os.geteuid() != 0:

@@ -30,6 +30,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
+from .routing import Member, Peer, Routing
+
 Iface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 Net = ipaddress.IPv4Network | ipaddress.IPv6Network
 Addr = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -120,6 +122,7 @@ class Config:
     path: str
     host: Host
     graphs: tuple[Graph, ...]
+    routing: Routing | None = None      # several hosts behind routers (pepctl/routing.py); None: one host
 
 
 @dataclass(frozen=True)
@@ -167,7 +170,14 @@ def _key_text(key: str) -> str:
 
 # --- the schema -------------------------------------------------------------------------------
 
-TOP_KEYS = ("host", "defaults", "graph")
+TOP_KEYS = ("host", "defaults", "graph", "routing")
+ROUTING_KEYS = ("graph", "asn", "router_id", "host", "hosts", "subscribers", "shares", "anchors", "peer", "bfd",
+                "assign")
+PEER_KEYS = ("side", "address", "asn")
+MEMBER_KEYS = ("name", "access", "origin")
+BFD_KEYS = ("interval_ms", "multiplier")
+HOST_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+SHARES_MAX = 256
 HOST_KEYS = ("instance", "nic", "run_dir", "bpf_dir", "tuning", "supervisor", "threads", "maxconn",
              "metrics_address", "metrics_port")
 HOST_DEFAULTS: dict[str, Any] = {
@@ -903,6 +913,192 @@ class _Reader:
             seed = self.error(f"{path}.seed", seed, "use 0-4294967295")
         return BAD if BAD in (fraction, seed) else Experiment(float(fraction), seed)
 
+    # -- several hosts behind routers --
+
+    def routing(self, doc: dict, graphs: list) -> Routing | Any:
+        raw = self.subtable(doc, "", "routing", ROUTING_KEYS)
+        if raw is BAD:
+            return BAD
+        good = [g for g in graphs if g is not BAD]
+        name = self.get(raw, "routing", "graph", _STR, good[0].name if len(good) == 1 else _REQUIRED,
+                        example='"g1"')
+        graph = next((g for g in good if g.name == name), None) if name is not BAD else None
+        if name is not BAD and graph is None and len(good) == len(graphs):
+            self.error("routing.graph", name, "no graph has this name; give the graph whose namespace faces "
+                       f"the routers: {', '.join(g.name for g in good)}")
+        if graph is not None and graph.proxy.enabled and graph.proxy.interception == "bpf":
+            self.error(f"graph[{graph.index}].proxy.interception", "bpf", "[routing] runs FRR's bfdd in this graph's "
+                       "namespace, and bfdd opens an IPv4 packet socket (BFD echo): with one there the kernel hands "
+                       "IPv4 packets on shared, clones them, and the socket the tc program gave a SYN is lost; every "
+                       'new flow would be reset. Use interception = "nft" (or "route") on the graph that faces '
+                       "the routers")
+        asn = self.asn(raw, "routing", "asn")
+        hosts = self.members(raw, graph)
+        me = self.get(raw, "routing", "host", _STR, example='"ph1"')
+        names = [m.name for m in hosts] if hosts is not BAD else []
+        if me is not BAD and hosts is not BAD and me not in names:
+            me = self.error("routing.host", me, f"not in routing.hosts ({', '.join(names)}); name this host as "
+                            "hosts does")
+        elif me is not BAD and hosts is not BAD and graph is not None:
+            mine = next(m for m in hosts if m.name == me)
+            for side, addr in (("access", mine.access), ("origin", mine.origin)):
+                own = [a.ip for a in (graph.access if side == "access" else graph.origin).addresses]
+                if addr not in own:
+                    self.error(f"routing.hosts[{names.index(me)}].{side}", str(addr), f"this host's entry: give "
+                               f"its graph's {side} address ({', '.join(map(str, own))})")
+        subscribers = self.ipv4_net(raw, "routing", "subscribers", '"198.18.0.0/24"')
+        shares = self.get(raw, "routing", "shares", _INT, 8)
+        if shares is not BAD and (shares < 1 or shares > SHARES_MAX or shares & (shares - 1)):
+            shares = self.error("routing.shares", shares, f"use a power of 2 from 1 to {SHARES_MAX}: the subscriber "
+                                "space splits into equal prefixes")
+        elif shares is not BAD and subscribers is not BAD and \
+                subscribers.prefixlen + (shares - 1).bit_length() > 32:
+            shares = self.error("routing.shares", shares, f"{subscribers} has too few addresses for {shares} "
+                                "shares; give fewer shares or a larger routing.subscribers")
+        anchors = self.ipv4_net(raw, "routing", "anchors", '"198.18.96.0/27"')
+        if anchors is not BAD and shares is not BAD and anchors.num_addresses < shares:
+            anchors = self.error("routing.anchors", str(anchors), f"{anchors.num_addresses} addresses for {shares} "
+                                 "shares: every share needs an anchor address; give a larger network")
+        if BAD not in (anchors, subscribers) and anchors.overlaps(subscribers):
+            anchors = self.error("routing.anchors", str(anchors), "overlaps routing.subscribers: anchors are "
+                                 "addresses of their own, announced to the access-side router; take them elsewhere")
+        peers = self.peers(raw, graph)
+        bfd = self.subtable(raw, "routing", "bfd", BFD_KEYS)
+        interval = multiplier = BAD
+        if bfd is not BAD:
+            interval = self.get(bfd, "routing.bfd", "interval_ms", _INT, 100)
+            if interval is not BAD and not 10 <= interval <= 60000:
+                interval = self.error("routing.bfd.interval_ms", interval, "use 10-60000 ms (FRR's range)")
+            multiplier = self.get(bfd, "routing.bfd", "multiplier", _INT, 3)
+            if multiplier is not BAD and not 2 <= multiplier <= 255:
+                multiplier = self.error("routing.bfd.multiplier", multiplier, "use 2-255 (FRR's range)")
+        router_id = self.get(raw, "routing", "router_id", _STR, "")
+        if router_id == "" and graph is not None:
+            router_id = str(next((a.ip for a in graph.access.addresses if a.version == 4), ""))
+        if router_id is not BAD:
+            try:
+                router_id = ipaddress.IPv4Address(router_id)
+            except ValueError:
+                router_id = self.error("routing.router_id", router_id, "not an IPv4 address; BGP names a router by "
+                                       "one (default: the graph's first IPv4 access address)")
+        assign = self.assign(raw, hosts, shares)
+        parts = [graph, asn, router_id, me, hosts, subscribers, shares, anchors, peers, interval, multiplier, assign]
+        if any(p is BAD or p is None for p in parts):
+            return BAD
+        return Routing(graph.name, asn, router_id, me, tuple(hosts), subscribers, shares, anchors, peers,
+                       interval, multiplier, assign)
+
+    def table_items(self, raw: dict, key: str, keys: tuple, example: str) -> list[tuple[str, dict]] | Any:
+        """routing.KEY, a list of tables: (path, table) of each, unknown keys named."""
+        items = self.get(raw, "routing", key, _LIST, example=example)
+        if items is BAD:
+            return BAD
+        out = []
+        for i, item in enumerate(items):
+            path = f"routing.{key}[{i}]"
+            if not _is(item, _TABLE):
+                self.error(path, item, f"must be a table with {', '.join(keys)}, e.g. {example}")
+                continue
+            self.unknown_keys(item, path, keys)
+            out.append((path, item))
+        return out if len(out) == len(items) else BAD
+
+    def link_address(self, item: dict, path: str, key: str, graph: Graph | None, side: str,
+                     whose: str) -> ipaddress.IPv4Address | Any:
+        """An IPv4 address on the graph's link to the side's router (whose: the host's, the router's)."""
+        text = self.get(item, path, key, _STR, example='"198.18.64.11"')
+        if text is BAD:
+            return BAD
+        try:
+            address = ipaddress.IPv4Address(text)
+        except ValueError:
+            return self.error(f"{path}.{key}", text, f"not an IPv4 address: {whose}, on the {side} routers' link")
+        if graph is not None:
+            nets = [a.network for a in (graph.access if side == "access" else graph.origin).addresses]
+            if not any(address in n for n in nets):
+                return self.error(f"{path}.{key}", text, f"not in graph {graph.name}'s {side} subnets "
+                                  f"({', '.join(map(str, nets))}): {whose}, on the link the routers share")
+        return address
+
+    def members(self, raw: dict, graph: Graph | None) -> tuple[Member, ...] | Any:
+        """routing.hosts: every host of the cluster, this one too: name, access, origin."""
+        items = self.table_items(raw, "hosts", MEMBER_KEYS,
+                                 '[{ name = "ph1", access = "198.18.64.11", origin = "198.19.64.11" }, ...]')
+        if items is BAD:
+            return BAD
+        out = []
+        for path, item in items:
+            name = self.get(item, path, "name", _STR, example='"ph1"')
+            if name is not BAD and not HOST_NAME_RE.fullmatch(name):
+                name = self.error(f"{path}.name", name, "1-32 characters of a-z, 0-9 and '-', starting with a letter "
+                                  "or digit, e.g. \"ph1\"")
+            addrs = [self.link_address(item, path, side, graph, side, "the host's") for side in ("access", "origin")]
+            if BAD not in (name, *addrs):
+                out.append(Member(name, *addrs))
+        if len(out) != len(items):
+            return BAD
+        names = [m.name for m in out]
+        if not out or len(set(names)) != len(names):
+            return self.error("routing.hosts", names, "list every proxy host of the cluster once, this one too")
+        return tuple(out)
+
+    def asn(self, raw: dict, path: str, key: str) -> int | Any:
+        value = self.get(raw, path, key, _INT, example="65011")
+        if value is not BAD and not 1 <= value <= 4294967294:
+            return self.error(f"{path}.{key}", value, "not an AS number; use 1-4294967294 (private: 64512-65534 or "
+                              "4200000000-4294967294)")
+        return value
+
+    def ipv4_net(self, raw: dict, path: str, key: str, example: str) -> ipaddress.IPv4Network | Any:
+        text = self.get(raw, path, key, _STR, example=example)
+        if text is BAD:
+            return BAD
+        try:
+            return ipaddress.IPv4Network(text)
+        except ValueError:
+            return self.error(f"{path}.{key}", text, f"not an IPv4 network (with no host bits), e.g. {example}")
+
+    def peers(self, raw: dict, graph: Graph | None) -> tuple[Peer, ...] | Any:
+        items = self.table_items(raw, "peer", PEER_KEYS, '[{ side = "access", address = "...", asn = 65001 }]')
+        if items is BAD:
+            return BAD
+        out = []
+        for path, item in items:
+            side = self.get(item, path, "side", _STR, example='"access"')
+            if side is not BAD and side not in ("access", "origin"):
+                side = self.error(f"{path}.side", side, 'must be "access" or "origin": the graph side the router is on')
+            address = BAD if side is BAD else self.link_address(item, path, "address", graph, side, "the router's")
+            asn = self.asn(item, path, "asn")
+            if BAD not in (side, address, asn):
+                out.append(Peer(side, address, asn))
+        if len(out) != len(items):
+            return BAD
+        for side in ("access", "origin"):
+            if not any(p.side == side for p in out):
+                self.error("routing.peer", None, f"no {side}-side router; add a [[routing.peer]] with "
+                           f"side = \"{side}\": both routers must learn this host's shares")
+                return BAD
+        return tuple(out)
+
+    def assign(self, raw: dict, hosts: Any, shares: Any) -> tuple | Any:
+        """routing.assign: { "3" = ["ph1", "ph2"] } pins share 3's primary and backup."""
+        table = self.get(raw, "routing", "assign", _TABLE, {})
+        if table is BAD or not table:
+            return () if table is not BAD else BAD
+        out = []
+        for key, pair in table.items():
+            path = f"routing.assign.{_key_text(key)}"
+            if not key.isdigit() or (shares is not BAD and int(key) >= shares):
+                last = "shares - 1" if shares is BAD else shares - 1
+                self.error(path, pair, f"the key is a share number, 0 to {last}")
+                continue
+            if not _is(pair, _LIST) or len(pair) != 2 or pair[0] == pair[1] or \
+                    (hosts is not BAD and any(h not in [m.name for m in hosts] for h in pair)):
+                self.error(path, pair, "give [primary, backup]: two different hosts of routing.hosts")
+                continue
+            out.append((int(key), pair[0], pair[1]))
+        return tuple(sorted(out)) if len(out) == len(table) else BAD
+
     # -- bypass --
 
     def bypass(self, graw: dict, where: str) -> Bypass | Any:
@@ -1120,8 +1316,10 @@ def _address_problem(text: str) -> str | None:
 
 # --- entry points -----------------------------------------------------------------------------
 
-def parse(text: str, path: str, *, available_cc: set[str] | None = None) -> Config:
-    """Check a config's text; path is only used in messages and Config.path."""
+def parse(text: str, path: str, *, available_cc: set[str] | None = None, host_only: bool = False) -> Config:
+    """Check a config's text; path is only used in messages and Config.path. host_only: [host] alone
+    (no graphs): enough to find an instance's journal, for a `down` whose config this pepctl no
+    longer takes whole."""
     if text.startswith("\ufeff"):   # a byte-order mark, as some Windows editors write: not TOML, harmless
         text = text[1:]
     try:
@@ -1144,10 +1342,16 @@ def parse(text: str, path: str, *, available_cc: set[str] | None = None) -> Conf
         err = FieldError(path, "", None, "arrays or tables nested hundreds deep; no key takes that: fix the value")
         raise ConfigError([err]) from None
     r = _Reader(path, text, available_cc)
+    if host_only:
+        host = r.host(doc)
+        if r.errors:
+            raise ConfigError(r.errors)
+        return Config(path, host, ())
     r.unknown_keys(doc, "", TOP_KEYS)
     host = r.host(doc)
     defaults = r.defaults_proxy(doc)
     graphs = r.graphs(doc, defaults)
+    routing = r.routing(doc, graphs) if "routing" in doc else None
     if host is not BAD and host.metrics_port == 0:
         for g in graphs:
             if g is not BAD and g.experiment.on:
@@ -1157,10 +1361,10 @@ def parse(text: str, path: str, *, available_cc: set[str] | None = None) -> Conf
     if r.errors:
         # In file order, so they read alongside the file; unplaceable ones first.
         raise ConfigError(sorted(r.errors, key=lambda e: e.line or 0))
-    return Config(path, host, tuple(graphs))
+    return Config(path, host, tuple(graphs), routing)
 
 
-def load(path: str, *, available_cc: set[str] | None = None) -> Config:
+def load(path: str, *, available_cc: set[str] | None = None, host_only: bool = False) -> Config:
     """Read and check a config file. A missing file raises FileNotFoundError (the CLI says so)."""
     try:
         with open(path, "rb") as f:
@@ -1180,4 +1384,4 @@ def load(path: str, *, available_cc: set[str] | None = None) -> Config:
         line = data[: e.start].count(b"\n") + 1
         raise ConfigError([FieldError(path, "", None, "not UTF-8 text; save the file as UTF-8",
                                       line)]) from None
-    return parse(text, path, available_cc=available_cc)
+    return parse(text, path, available_cc=available_cc, host_only=host_only)

@@ -14,6 +14,7 @@ the lab all find the same things. Every name carries the instance name, so two i
         exporter-keeper.pid, exporter.log   the exporter's keeper, and the exporter's output
         exporter.pid                the exporter, written once it listens
         experiment.jsonl[.1]        the experiment's flow records (pepctl/exporter.py)
+        frr/                        [routing]: zebra, bfdd, bgpd: DAEMON.conf, .pid, .out, .log, .vty
         proxy/                      owned by the proxy's user: what the supervisor and HAProxy write
             supervisor.pid, supervisor.json, supervisor.log
             haproxy.sock, haproxy.log
@@ -74,6 +75,7 @@ class InstanceNames:
     exporter_pid: str     # written by the exporter once it listens: its readiness
     exporter_log: str
     experiment_log: str   # the experiment's flow records, JSON lines (pepctl/experiment.py)
+    frr_dir: str          # FRR's configs, pids, logs and sockets ([routing]: pepctl/routing.py)
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,7 @@ def instance_names(cfg: Config) -> InstanceNames:
         exporter_pid=os.path.join(d, "exporter.pid"),
         exporter_log=os.path.join(d, "exporter.log"),
         experiment_log=os.path.join(d, "experiment.jsonl"),
+        frr_dir=os.path.join(d, "frr"),
     )
 
 

@@ -134,6 +134,59 @@ def sock_diag(family: int, states: int, ext: int = 0, sock: socket.socket | None
             s.close()
 
 
+SOCK_DESTROY, NLM_F_ACK = 21, 0x4
+ALL_TCP_STATES = 0xFFF
+
+
+def destroy_tcp_sockets(ns: str) -> int:
+    """Resets every TCP socket in namespace ns, as `ss -K` does (SOCK_DESTROY); returns how many.
+
+    `down` does this before it deletes a graph's namespace: a connection HAProxy left behind when it
+    stopped (an orphan with a download's tail still queued, behind a slow link) keeps the namespace,
+    and its links, alive until it has sent everything; the subscriber's connection is gone anyway."""
+    def destroy() -> int:
+        done = 0
+        with diag_socket() as dump, diag_socket() as kill:
+            for family in (socket.AF_INET, socket.AF_INET6):
+                ids = [SOCKID.pack(*sockid) for sockid, _ in sock_diag(family, ALL_TCP_STATES, sock=dump)]
+                for raw in ids:
+                    req = DIAG_REQ.pack(family, socket.IPPROTO_TCP, 0, ALL_TCP_STATES) + raw
+                    kill.sendto(NLMSGHDR.pack(NLMSGHDR.size + len(req), SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, 1, 0)
+                                + req, (0, 0))
+                    reply = kill.recv(4096)
+                    done += struct.unpack_from("=i", reply, NLMSGHDR.size)[0] == 0   # else gone already
+        return done
+    return in_netns(ns, destroy)
+
+
+IP_ETHERTYPES = {0x0800: "IPv4", 0x86DD: "IPv6"}
+
+
+def ip_packet_sockets(ns: str) -> list[dict]:
+    """Packet sockets bound to IPv4 or IPv6 in namespace ns (/proc/net/packet), with the process
+    that holds each. The kernel hands such a namespace's IP packets to ip_rcv shared; ip_rcv clones
+    them, and the clone has lost the socket bpf_sk_assign gave at tc ingress."""
+    def read() -> list[tuple[str, int]]:
+        with open("/proc/thread-self/net/packet") as f:
+            rows = [line.split() for line in f.read().splitlines()[1:]]
+        return [(IP_ETHERTYPES[int(r[3], 16)], int(r[8])) for r in rows if int(r[3], 16) in IP_ETHERTYPES]
+    found = in_netns(ns, read)
+    if not found:
+        return []
+    holders: dict[int, str] = {}
+    wanted = {f"socket:[{inode}]": inode for _, inode in found}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                inode = wanted.get(os.readlink(f"/proc/{pid}/fd/{fd}"))
+                if inode is not None:
+                    with open(f"/proc/{pid}/comm") as f:
+                        holders[inode] = f"{f.read().strip()} (pid {pid})"
+        except OSError:
+            continue
+    return [{"family": family, "inode": inode, "held_by": holders.get(inode, "?")} for family, inode in found]
+
+
 def listening_ports(ns: str | None, sock: socket.socket | None = None) -> set[int]:
     """The TCP ports something listens on in namespace ns (or in sock's: no thread, no setns), IPv4
     or IPv6."""

@@ -24,7 +24,7 @@ import socket
 
 from haproxy.render import STATS_ENV, GraphProxy, Process, render
 
-from . import bypass, checks, experiment, flow_maps, nsutil, service, steering
+from . import bypass, checks, experiment, flow_maps, nsutil, routing, service, steering
 from .config import Config, ConfigError, FieldError, Graph, Side
 from .hostinfo import HostInfo, maxconn_for
 from .names import (
@@ -42,7 +42,7 @@ from .names import (
     instance_names,
 )
 from .render_nft import render_nft
-from .runner import Call, Step, StepError, action, remove_file, run, run_json, wait_for, write_file
+from .runner import Call, Step, StepError, action, daemon_step, remove_file, run, run_json, wait_for, write_file
 from .tuning import tuning_steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -191,8 +191,16 @@ def route_lines(cfg: Config, g: Graph) -> list[str]:
     and initial congestion window (both route metrics: every connection on that side takes them)."""
     lines, errors = [], []
     for side_name, side, dev in (("access", g.access, C_IN), ("origin", g.origin, S_IN)):
+        window = f" initcwnd {side.initcwnd}" if side.initcwnd else ""
         for addr in side.addresses:
             lines.append(f"addr add {addr} dev {dev} noprefixroute" + (" nodad" if addr.version == 6 else ""))
+        # The link's own subnet, where no prefix covers it (a transit link to a router): its
+        # gateway, and the routers and other proxy hosts there, are reached on the link.
+        for addr in side.addresses:
+            if not any(addr.network.subnet_of(net) and _onlink(side, net) for net in side.prefixes
+                       if net.version == addr.version):
+                lines.append(f"route replace {addr.network} dev {dev} scope link src {addr.ip} proto static "
+                             f"congctl {side.congctl}{window}")
         for i, net in enumerate(side.prefixes):
             if _onlink(side, net):
                 src = next(a.ip for a in side.addresses if a.version == net.version and net.subnet_of(a.network))
@@ -205,7 +213,6 @@ def route_lines(cfg: Config, g: Graph) -> list[str]:
                                              f"side; add one to graph[{g.index}].{side_name}.gateways"))
                     continue
                 via = f"via {gw} dev {dev}"
-            window = f" initcwnd {side.initcwnd}" if side.initcwnd else ""
             lines.append(f"route replace {net} {via} proto static congctl {side.congctl}{window}")
     if errors:
         raise ConfigError(errors)
@@ -349,11 +356,15 @@ def namespaces_step(cfg: Config) -> Step:
 
 @action("remove_namespaces")
 def remove_namespaces(spaces: list[str], links: list[str], timeout: float = 120) -> None:
-    """Deletes the namespaces, and waits until the kernel has destroyed their links with them.
+    """Resets what TCP connections are left in the namespaces (nsutil.destroy_tcp_sockets), deletes
+    them, and waits until the kernel has destroyed their links with them.
 
     Deleting a namespace destroys its devices in one batch, in the background; deleting the
     host ends one by one instead costs a network-wide synchronisation each (a thousand graphs:
     ninety seconds against a few)."""
+    for ns in spaces:
+        if os.path.lexists(f"/run/netns/{ns}"):
+            nsutil.destroy_tcp_sockets(ns)
     run(["ip", "-force", "-batch", "-"], check=False, input="".join(f"netns del {ns}\n" for ns in spaces))
     left = [ns for ns in spaces if os.path.lexists(f"/run/netns/{ns}")]
     if left:
@@ -467,4 +478,31 @@ def build(cfg: Config, info: HostInfo) -> list[Step]:
         steps += haproxy_steps(cfg, info)
     steps += exporter_steps(cfg)
     steps.append(trunk_attach_step(n.steer_pins, cfg.host.nic))
+    # Last: the routers send this host its shares only once everything behind the NIC is ready.
+    steps += routing_steps(cfg)
     return steps
+
+
+def routing_graph(cfg: Config) -> Graph:
+    return next(g for g in cfg.graphs if g.name == cfg.routing.graph)
+
+
+def routing_steps(cfg: Config) -> list[Step]:
+    """[routing]: FRR's zebra, bfdd and bgpd in the graph's namespace, announcing this host's shares
+    (pepctl/routing.py renders their configs)."""
+    if cfg.routing is None:
+        return []
+    n = instance_names(cfg)
+    ns = graph_names(cfg, routing_graph(cfg)).netns
+    folder = n.frr_dir
+    steps = [mkdir_step(folder, 0o750, ours=routing.FRR_FILES, what=f"create FRR's folder {folder}")]
+    for daemon, text in routing.configs(cfg.routing, routing.hostname(cfg.host.instance, cfg.routing)).items():
+        path = routing.frr_file(folder, daemon, "conf")
+        steps.append(Step(f"write {path}", Call("write", (path, text), f"cat > {path} <<'EOF'\n{text.rstrip()}\nEOF")))
+    for daemon in routing.FRR_DAEMONS:
+        vty = routing.frr_file(folder, daemon, "vty")
+        steps.append(daemon_step(f"start FRR {daemon} in {ns}", in_netns(ns, routing.daemon_argv(daemon, folder)),
+                                 routing.frr_file(folder, daemon, "pid"), routing.frr_file(folder, daemon, "out"),
+                                 lambda vty=vty: os.path.exists(vty)))
+    return steps
+

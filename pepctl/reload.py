@@ -7,6 +7,10 @@ place; HAProxy gets its new config through its supervisor, which starts a new HA
 takes the listening sockets over and lets the old one finish its connections: no connection
 of any graph is touched, changed or not. Anything structural (VLANs, addresses, graphs,
 interception mode, NIC, folders) needs `down` then `up`; reload says so and changes nothing.
+
+[routing]: the cluster's hosts and the pinned assignments change live (a host added or taken
+out): FRR's prefix lists are replaced and the routers told, so this host announces the shares
+it owns now. Its AS, peers, shares and addresses are structural.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import os
 import signal
 import sys
 
-from . import bypass, flow_maps, service
+from . import bypass, drain, flow_maps, routing, service
 from . import config as configmod
 from .config import Config, ConfigError, FieldError
 from .hostinfo import HostInfo
@@ -27,6 +31,7 @@ from .runner import Journal, StepError, read_pid, run, wait_for, write_file
 
 LIVE_PROXY = {"splice", "mode", "maxconn", "log_connections", "ports", "listen_port"}
 LIVE_HOST = {"threads", "maxconn"}
+LIVE_ROUTING = {"hosts", "assign"}
 
 
 def structural_changes(old: Config, new: Config) -> list[FieldError]:
@@ -36,6 +41,13 @@ def structural_changes(old: Config, new: Config) -> list[FieldError]:
         before, after = getattr(old.host, f.name), getattr(new.host, f.name)
         if before != after and f.name not in LIVE_HOST:
             found.append(FieldError(new.path, f"host.{f.name}", str(after), f"was {before}; cannot change live"))
+    if (old.routing is None) != (new.routing is None):
+        found.append(FieldError(new.path, "routing", "", "added or removed; cannot change live"))
+    elif new.routing is not None:
+        for f in dataclasses.fields(new.routing):
+            before, after = getattr(old.routing, f.name), getattr(new.routing, f.name)
+            if before != after and f.name not in LIVE_ROUTING:
+                found.append(FieldError(new.path, f"routing.{f.name}", str(after), f"was {before}; cannot change live"))
     if [g.name for g in old.graphs] != [g.name for g in new.graphs]:
         found.append(FieldError(new.path, "graph[].name", ", ".join(g.name for g in new.graphs),
                                 "graphs were added, removed or renamed"))
@@ -69,6 +81,7 @@ def reload(cfg: Config, info: HostInfo, journal: Journal, config_text: str, dige
     if problems:
         raise ConfigError(problems + [FieldError(cfg.path, "(reload)", "",
                                                  "these need `pepctl down` then `pepctl up`; nothing was changed")])
+    check_routing(cfg, old)
     proxied = [g for g in cfg.graphs if g.proxy.enabled]
     if proxied:
         text = haproxy_config(cfg, info)
@@ -92,6 +105,8 @@ def reload(cfg: Config, info: HostInfo, journal: Journal, config_text: str, dige
         flow_maps.set_flags(n.flow_pins, gn.slot, flags, listen, control)
         added, removed = bypass.sync(cfg, g, bypass.config_rules(o.bypass))
         print(f"  graph {g.name}: flow maps updated; {added} bypass rule(s) installed, {removed} removed", file=out)
+    if cfg.routing is not None and cfg.routing != old.routing:
+        print(f"  routing: {reannounce(cfg, old)}", file=out)
     if proxied:
         os.replace(n.haproxy_cfg + ".new", n.haproxy_cfg)
         detail = reload_haproxy(n)
@@ -99,6 +114,27 @@ def reload(cfg: Config, info: HostInfo, journal: Journal, config_text: str, dige
     journal.update_meta(config_sha256=digest, config_text=config_text)
     print(f"instance {cfg.host.instance} reloaded", file=out)
     return 0
+
+
+def check_routing(cfg: Config, old: Config) -> None:
+    """A host mid-drain hands flows over by the old owners: its cluster does not change under it."""
+    held = drain.state(cfg)
+    if cfg.routing != old.routing and held is not None and not held.get("withdrawn"):
+        raise StepError("this host is draining: its hand-over follows the old owners; let the drain finish "
+                        "or undo it (`pepctl drain --undo`), then reload; nothing was changed")
+
+
+def reannounce(cfg: Config, old: Config) -> str:
+    """The cluster changed: this host announces the shares it owns now (none while drained)."""
+    held = drain.state(cfg)
+    if held is not None and held.get("withdrawn"):
+        drain.announce(cfg, drained=True)        # the config files follow the new cluster
+        return "this host is drained: it announces nothing until `pepctl drain --undo`"
+    drain.announce(cfg, drained=False)
+    before, now = routing.roles(old.routing), routing.roles(cfg.routing)
+    moved = [f"{k} ({before.get(k, 'none')} -> {now.get(k, 'none')})"
+             for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+    return f"shares {', '.join(moved)} changed" if moved else "this host's shares are unchanged"
 
 
 def reload_haproxy(n, timeout: float = 60) -> str:

@@ -349,7 +349,7 @@ class Journal:
 # Errors that mean "already gone": an undo that finds nothing to undo succeeded.
 GONE = ("No such file", "Cannot find device", "does not exist", "No such process", "not found",
         "Invalid handle", "No such device", "Cannot find specified qdisc", "Cannot open network namespace",
-        "Parent Qdisc doesn't exist")
+        "Parent Qdisc doesn't exist", "Cannot find specified filter chain")
 # What ip and tc add to any error: "already gone" only beside one of the lines above.
 GENERIC = ("Command failed", "We have an error talking to the kernel")
 

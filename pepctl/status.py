@@ -15,7 +15,7 @@ import time
 
 from haproxy import stats
 
-from . import bypass, nsutil, service, steering
+from . import bypass, drain, nsutil, service, steering
 from .config import Config, Graph
 from .names import graph_names, instance_names, netns_path
 from .runner import Journal, StepError, run_json
@@ -33,6 +33,10 @@ def problems(cfg: Config) -> list[str]:
         if not os.path.exists(netns_path(gn.netns)):
             found.append(f"namespace {gn.netns} missing")
         found += [f"link {dev} missing" for dev in (gn.c_out, gn.s_out) if dev not in links]
+        if g.proxy.enabled and g.proxy.interception == "bpf" and os.path.exists(netns_path(gn.netns)):
+            found += [f"graph {g.name}: an {p['family']} packet socket is open in {gn.netns}, held by {p['held_by']}: "
+                      "the kernel drops the socket the tc program gives each new flow, and resets the flow; close it "
+                      "(tcpdump is harmless), or use interception nft" for p in nsutil.ip_packet_sockets(gn.netns)]
     if any(g.proxy.enabled for g in cfg.graphs):
         procs = service.processes(n)
         if not procs["haproxy"]["running"]:
@@ -120,6 +124,13 @@ def collect(cfg: Config) -> dict:
             entry["flows"] = _safe(bypass.counters, cfg, g)
             entry["experiment"] = {"control_fraction": g.experiment.control_fraction, "seed": g.experiment.seed}
         report["graphs"].append(entry)
+    if cfg.routing is not None:
+        report["routing"] = _safe(drain.report, cfg)
+        daemons = report["routing"].get("daemons", {})
+        report["problems"] += [f"FRR's {d} is not running (pid {x['pid']})" for d, x in daemons.items()
+                               if not x["running"]]
+        if report["problems"] and report["state"] == "up":
+            report["state"] = "damaged"
     report["trunk"] = {"nic": _safe(nic_counters, cfg.host.nic),
                        "reasons": _safe(steering.reason_counters, n.steer_pins)}
     return report
@@ -179,6 +190,18 @@ def print_table(report: dict, out) -> None:
                 print(f"  {g['name']:<12} experiment: control group {x['control_fraction']:.0%} of subscribers; flows "
                       f"bypassed as control {f['flows_bypass_control']}, measured {f['flows_measured']}, records "
                       f"lost {f['records_dropped']} (pepctl report)", file=out)
+    rt = report.get("routing")
+    if rt and "error" not in rt:
+        d = rt.get("drain")
+        drained = "" if not d else (" DRAINED: announces nothing" if d.get("withdrawn") else " DRAINING")
+        roles = list(rt["shares"].values())
+        print(f"  routing: host {rt['host']}, primary of {roles.count('primary')} shares, backup of "
+              f"{roles.count('backup')}{drained}", file=out)
+        for addr, p in rt.get("peers", {}).items():
+            print(f"  routing: {p['side']} router {addr}: BGP {p['bgp']}, BFD {p['bfd']}, announced {p['announced']}",
+                  file=out)
+    elif rt:
+        print(f"  routing: {rt['error']}", file=out)
     trunk = report.get("trunk", {})
     nic, reasons = trunk.get("nic", {}), trunk.get("reasons", {})
     if "error" not in nic:

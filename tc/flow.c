@@ -20,7 +20,10 @@
  * Bypassed packets are forwarded at L3 here (flow_fwd.h) for the flow's
  * life (flow_table.h keeps them). With GRAPH_F_ASSIGN, segments of no
  * remembered flow go to their own socket, or with a valid SYN cookie to the
- * listener (flow_sock.h). Everything else goes to the stack untouched.
+ * listener (flow_sock.h). A segment of no remembered flow that a bypass
+ * rule names, on an intercepted port, and that no socket here owns is
+ * another host's (a draining host's shares): forwarded too, as a bypassed
+ * one (pkts_bypassed). Everything else goes to the stack untouched.
  * While a graph's experiment is on, flow_measure.h measures the access
  * side's flows of both groups. The contract, counters included, is pep_flow.h.
  */
@@ -73,6 +76,18 @@ static __always_inline int intercepted(const struct where *w, const struct tcp_p
 
 	if (w->side == SIDE_ORIGIN && !(w->flags & GRAPH_F_ORIGIN_SYNS))
 		return 0;
+	if (w->flags & GRAPH_F_ALL_PORTS)
+		return 1;
+	return present(bpf_map_lookup_elem(&intercept_ports, &pk));
+}
+
+/* Whether the stack's interception takes the segments of a flow to p's
+ * service port (the origin's: the destination from the access side, the
+ * source from the origin side). */
+static __always_inline int service_port_intercepted(const struct where *w, const struct tcp_pkt *p)
+{
+	struct port_key pk = { .graph = w->slot, .port = bpf_ntohs(w->side == SIDE_ORIGIN ? p->sport : p->dport) };
+
 	if (w->flags & GRAPH_F_ALL_PORTS)
 		return 1;
 	return present(bpf_map_lookup_elem(&intercept_ports, &pk));
@@ -245,29 +260,55 @@ static __always_inline int to_own_socket(struct __sk_buff *skb, const struct tcp
 	return 0;
 }
 
+/* Non-zero when a socket of this namespace owns the segment's 4-tuple (not
+ * a listener: a connection, a request or a TIME_WAIT socket). */
+static __always_inline int owned(struct __sk_buff *skb, const struct tcp_pkt *p)
+{
+	struct bpf_sock *sk = sock_for(skb, p, p->dport);
+	int mine;
+
+	if (!sk)
+		return 0;
+	mine = sk->state != BPF_TCP_LISTEN;
+	bpf_sk_release(sk);
+	return mine;
+}
+
 /* A segment of no remembered flow, and (mode bpf) no socket: an ACK with a
- * valid SYN cookie goes to the listener; else the stack's. */
-static __always_inline int no_flow(struct __sk_buff *skb, struct tcp_pkt *p, const struct where *w)
+ * valid SYN cookie goes to the listener. One of a flow this graph did not
+ * see begin, to or from what a bypass rule names, and that no socket here
+ * owns, is forwarded: it is another proxy host's. (A draining host hands its
+ * shares' new flows to their other host, and the origin's answers to that
+ * host still come here until the routers move the shares.) Left to the
+ * stack, the interception (tproxy, or route mode's rules) would hand it to
+ * HAProxy, which would reset it (others: 0 for a stale SYN-ACK, which is
+ * this host's own). Else the stack's. */
+static __always_inline int no_flow(struct __sk_buff *skb, struct tcp_pkt *p, const struct where *w,
+				   const struct flow_key *k, int others)
 {
 	struct bpf_sock *sk;
 	__be16 port;
 	long err;
 
-	if (!(w->flags & GRAPH_F_ASSIGN))
-		return pass(w, CNT_PKTS_NO_FLOW);
-	port = listener_port(w->listen_port, p);
-	if (port == p->dport || !is_bare_ack(p) || !intercepted(w, p))
-		return pass(w, CNT_PKTS_NO_FLOW);  /* (the same lookup found nothing just now) */
-	sk = sock_for(skb, p, port);
-	if (!sk)
-		return pass(w, CNT_PKTS_NO_FLOW);
-	err = -1;
-	if (cookie_valid(sk, p))
-		err = hand_to(skb, sk);
-	bpf_sk_release(sk);
-	if (err == -1)
-		return pass(w, CNT_PKTS_NO_FLOW);
-	return pass(w, err ? CNT_ASSIGN_FAILED : CNT_PKTS_SYNCOOKIE);
+	if (w->flags & GRAPH_F_ASSIGN) {
+		port = listener_port(w->listen_port, p);
+		if (port != p->dport && is_bare_ack(p) && intercepted(w, p)) {
+			sk = sock_for(skb, p, port);
+			if (sk) {
+				err = -1;
+				if (cookie_valid(sk, p))
+					err = hand_to(skb, sk);
+				bpf_sk_release(sk);
+				if (err != -1)
+					return pass(w, err ? CNT_ASSIGN_FAILED : CNT_PKTS_SYNCOOKIE);
+			}
+		}
+	}
+	/* In mode bpf the caller found no socket already. */
+	if (others && rule_hit(k, w, p) && service_port_intercepted(w, p) &&
+	    ((w->flags & GRAPH_F_ASSIGN) || !owned(skb, p)))
+		return forward(skb, p, w->slot);
+	return pass(w, CNT_PKTS_NO_FLOW);
 }
 
 /* A SYN-ACK answering another SYN on a remembered flow's 4-tuple: typically
@@ -275,10 +316,11 @@ static __always_inline int no_flow(struct __sk_buff *skb, struct tcp_pkt *p, con
  * (usesrc clientip) on a port an old bypassed flow used. The old flow is
  * forgotten (by the caller) and the segment is of no flow, or the origin's
  * answer would be forwarded to the client and the proxied connection hang. */
-static __always_inline int stale(struct __sk_buff *skb, struct tcp_pkt *p, const struct where *w)
+static __always_inline int stale(struct __sk_buff *skb, struct tcp_pkt *p, const struct where *w,
+				 const struct flow_key *k)
 {
 	count(w->slot, CNT_FLOWS_STALE);
-	return no_flow(skb, p, w);
+	return no_flow(skb, p, w, k, 0);   /* this host's own connection, not another host's */
 }
 
 /* Any segment but a first SYN. */
@@ -296,18 +338,18 @@ static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const
 	if (e) {
 		if (is_syn_ack(p) && p->ack_seq != e->syn_seq + 1) {
 			bpf_map_delete_elem(&flows, k);
-			return stale(skb, p, w);
+			return stale(skb, p, w, k);
 		}
 		est_seen(e, p, w->side);
 		return forward(skb, p, w->slot);
 	}
 	n = bpf_map_lookup_elem(&flows_new, k);
 	if (!n)
-		return no_flow(skb, p, w);
+		return no_flow(skb, p, w, k, 1);
 	if (is_syn_ack(p)) {
 		if (w->side == n->opener || p->ack_seq != n->syn_seq + 1) {
 			bpf_map_delete_elem(&flows_new, k);
-			return stale(skb, p, w);
+			return stale(skb, p, w, k);
 		}
 		n->synack_seq = p->seq;
 		n->state = FLOW_SYNACK_SEEN;

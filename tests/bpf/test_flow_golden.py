@@ -561,11 +561,19 @@ CASES = [
              fwd(reply(80, 40052, flags="A", ack=5001)), BYPASSED)],
         rules=C32, flows=[Flow(CLIENT, 40052, SERVER, 80, "flows_new", state="synack_seen")]),
     Case("stale-synack", "a SYN-ACK answering another SYN on a bypassed flow's 4-tuple (HAProxy reusing its port "
-         "toward the origin) forgets the flow and is of no flow", [
+         "toward the origin) forgets the flow and is of no flow, but this host's: to the stack", [
         Send("access", syn(40053), TC_ACT_REDIRECT, fwd(syn(40053)), NEW_BYPASS),
         Send("origin", reply(80, 40053, ack=777001), TC_ACT_OK, counters=STALE),
+        Do("HAProxy's socket of its connection", lambda dp: dp.own(CLIENT, 40053, SERVER, 80)),
         Send("origin", reply(80, 40053, flags="A", ack=777001), TC_ACT_OK, counters=NO_FLOW)],
         rules=C32, flows=[Flow(CLIENT, 40053, SERVER, 80, None)]),
+    Case("another-hosts-segment", "a segment of no flow and no socket here, to a subscriber a rule bypasses (the "
+         "origin answering another proxy host, which a draining host hands new flows to): forwarded, never to the "
+         "stack's interception", [
+        Send("origin", reply(80, 40059, ack=777001), TC_ACT_REDIRECT, fwd(reply(80, 40059, ack=777001)), BYPASSED),
+        Send("origin", reply(80, 40059, flags="A", ack=777001), TC_ACT_REDIRECT,
+             fwd(reply(80, 40059, flags="A", ack=777001)), BYPASSED)],
+        rules=C32, flows=[Flow(CLIENT, 40059, SERVER, 80, None)]),
     Case("synack-from-opener", "a SYN-ACK from the opener's own side is another connection: stale", [
         Send("access", syn(40054), TC_ACT_REDIRECT, fwd(syn(40054)), NEW_BYPASS),
         Send("access", syn(40054, flags="SA", seq=9000, ack=1001), TC_ACT_OK, counters=STALE)],
@@ -594,8 +602,9 @@ CASES = [
         Send("origin", reply(80, 40020), TC_ACT_REDIRECT, fwd(reply(80, 40020)), BYPASSED),
         Send("access", ack(40020), TC_ACT_REDIRECT, fwd(ack(40020)), PROMOTED)],
         rules=C32, flows=[established(40020)]),
-    Case("rule-added-mid-flow", "adding a rule does not move a proxied flow", [
+    Case("rule-added-mid-flow", "adding a rule does not move a proxied flow: its socket here owns it", [
         Send("access", syn(40045), TC_ACT_OK, counters=NEW_PROXY),
+        Do("HAProxy's socket of the flow", lambda dp: dp.own(SERVER, 80, CLIENT, 40045)),
         add_rules(0, clients=[f"{CLIENT}/32"]),
         Send("access", ack(40045), TC_ACT_OK, counters=NO_FLOW)],
         flows=[Flow(CLIENT, 40045, SERVER, 80, None)]),
@@ -603,7 +612,8 @@ CASES = [
         Send("access", syn(40058), TC_ACT_REDIRECT, fwd(syn(40058)), NEW_BYPASS),
         Send("origin", reply(80, 40058, flags="RA", seq=0), TC_ACT_REDIRECT, fwd(reply(80, 40058, flags="RA", seq=0)),
              BYPASSED),
-        Send("access", ack(40058), TC_ACT_OK, counters=NO_FLOW)],
+        # Forgotten, and the rule still names it: forwarded as a segment of no flow a rule bypasses.
+        Send("access", ack(40058), TC_ACT_REDIRECT, fwd(ack(40058)), BYPASSED)],
         rules=C32, flows=[Flow(CLIENT, 40058, SERVER, 80, None)]),
     Case("fin-fin", "a FIN from each side makes a promoted flow closing (its linger timer set)", [
         *handshake(40059),
@@ -672,6 +682,21 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
 
+def _syn_sent(local: str, lport: int, remote: str, rport: int) -> socket.socket:
+    """A socket as HAProxy holds a proxied flow's client side: transparent, of the origin's address
+    and port, toward the client; here it stays SYN_SENT (no one answers), which is enough for the
+    program's socket lookup to find the 4-tuple owned."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_IP, IP_TRANSPARENT, 1)
+    s.setblocking(False)
+    s.bind((local, lport))
+    try:
+        s.connect((remote, rport))
+    except BlockingIOError:
+        pass
+    return s
+
+
 def _listen(port: int) -> socket.socket:
     """A listener as HAProxy opens it: the graph's listen_port dual stack; slot 1's transparent (it
     answers for the addresses it intercepts)."""
@@ -720,6 +745,10 @@ class FlowDatapath:
     ns: str
     listeners: dict[int, socket.socket] = field(default_factory=dict)
     sockets: list[socket.socket] = field(default_factory=list)
+    owned: list[socket.socket] = field(default_factory=list)      # a case's, closed at the next reset
+
+    def own(self, local: str, lport: int, remote: str, rport: int) -> None:
+        self.owned.append(self.run_in_ns(_syn_sent, local, lport, remote, rport))
 
     def run(self, side: str, frame: bytes) -> bpfsys.TestRun:
         return self.run_in_ns(self.prog.test_run, frame, bpfsys.skb_ctx(SIDES[side][0]))
@@ -754,6 +783,9 @@ class FlowDatapath:
         fm.set_flags(self.pins, 2, 0, 0)
         for port in set(self.listeners) - {LPORT0, LPORT1}:
             self.unlisten(port)
+        for sock in self.owned:
+            _rst_close(sock)
+        self.owned.clear()
         self.listen(LPORT0)
         self.listen(LPORT1)
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -243,3 +244,36 @@ def test_bypassed_flow_on_the_listeners_port_is_not_taken_by_it(lab, pins, origi
                f"({lab.interception}): {what}; pep flow counters moved {grew(c0, c1)}"
     assert verdicts == ["bypass_rule"], \
         f"pep flow tables: {src} port {port} -> {dport}: expected one bypass_rule entry, got {verdicts}"
+
+
+# -- an IP packet socket in the graph's namespace ------------------------------------------------------
+HOLD_PACKET_SOCKET = r"""
+import socket, sys, time
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
+print("open", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_an_ipv4_packet_socket_in_the_graph_breaks_bpf_and_status_says_so(lab, pins, origin_server):
+    """The kernel (6.18) delivers a namespace's IPv4 packets to ip_rcv shared while a packet socket
+    is bound to IPv4 there (FRR's bfdd opens one for BFD echo); ip_rcv clones a shared packet, and
+    the clone has lost the socket bpf_sk_assign gave: the SYN meets no socket and is reset. nft's
+    tproxy assigns after that clone. So in mode bpf new flows fail while it is open, and status
+    names the socket's holder; in mode nft nothing changes."""
+    holder = lab.popen("pep", PYTHON, "-c", HOLD_PACKET_SOCKET, stdin=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == "open", holder.stderr.read()
+        ok = "error" not in connect_all(lab, "client", [(ORIGIN[4], 443)])[f"{ORIGIN[4]} 443"]
+        st = json.loads(lab.pepctl("status", "--json", check=False).stdout)
+        named = [p for p in st.get("problems", []) if "IPv4 packet socket" in p and f"pid {holder.pid}" in p]
+        if lab.interception == "bpf":
+            assert not ok, "client: a connection through the bpf graph succeeded with an IPv4 packet socket open there"
+            assert named and st["state"] == "damaged", f"status: state {st['state']}, problems {st['problems']}"
+        else:
+            assert ok, "client: a connection through the nft graph failed beside a packet socket"
+            assert not named, f"status (mode nft) names the packet socket: {st['problems']}"
+    finally:
+        holder.communicate(input="\n", timeout=10)
+    got = connect_all(lab, "client", [(ORIGIN[4], 443)])
+    assert "error" not in got[f"{ORIGIN[4]} 443"], f"client: connection failed once the packet socket closed: {got}"

@@ -1,0 +1,281 @@
+"""Several proxy hosts behind routers (issue 16): every flow crosses one host both ways; a host
+that dies, drains or is added moves only its own shares, and no other flow notices.
+
+   client 198.18.0.(32k+10), one per share k -- ra (access router; a share's source picks its
+      anchor's route)  ==  ph1 .. phN  (pepctl up + FRR, announcing their shares)  == ro (origin
+      router; routes to a share by destination) -- origin nginx 198.19.0.10
+
+One lab for the module, built with 2 hosts; the tests run in order on it, each leaving it as the
+next expects: symmetry with 2 hosts, a drain and its undo, a host added (then 3), symmetry with
+3, and last a host's death.
+
+How right is told from wrong:
+  - symmetry: every host's TCP sockets (sock_diag in its graph's namespace) are listed while the
+    client holds connections from every share open; each connection's client side (origin:80 ->
+    subscriber:port) must be on exactly one host, the share's primary, and that host must also
+    hold the server side (subscriber -> origin:80): the same count, no other host any;
+  - failover and drain: a load generator records every connection (start, connect, end, outcome)
+    on CLOCK_MONOTONIC, as the test records the moment of the event, so "new flows succeed within
+    1 s" and "no flow on the other hosts failed" are read off one time line.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import secrets
+import socket
+import subprocess
+import time
+
+import pytest
+
+from netns import cluster
+from netns.handle import PEPCTL, PYTHON, LabHandle, wait_until
+from pepctl import config as configmod
+from pepctl import flow_maps, nsutil, routing
+from pepctl.names import graph_names, in_netns, instance_names
+from pepctl.runner import Journal
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LOADGEN = os.path.join(HERE, "loadgen.py")
+ORIGIN = "198.19.0.10"
+PER_SHARE = 4              # connections held open per share in the symmetry checks
+FAILOVER_WITHIN = 1.0      # s: new flows of a dead host's shares succeed this soon (issue 16)
+SYN_LOST = 0.9             # s: a connect this slow had its SYN retransmitted (initial RTO: 1 s)
+SHARES = range(cluster.SHARES)
+
+
+class Cluster:
+    """The lab's hosts as pepctl and the routers see them."""
+
+    def __init__(self, lab: LabHandle):
+        self.lab = lab
+
+    @property
+    def hosts(self) -> list[int]:
+        meta = Journal(f"/run/peplab/{self.lab.name}.json").meta
+        return list(range(1, int(meta.get("hosts") or meta["options"]["hosts"]) + 1))
+
+    def config(self, i: int) -> configmod.Config:
+        return configmod.load(os.path.join(self.lab.run_dir, f"pep{i}.toml"))
+
+    def owners(self) -> list[tuple[str, str | None]]:
+        return routing.owners(self.config(1).routing)
+
+    def primary(self, share: int) -> int:
+        return int(self.owners()[share][0].removeprefix("ph"))
+
+    def backup(self, share: int) -> int:
+        return int(self.owners()[share][1].removeprefix("ph"))
+
+    def counters(self, i: int) -> dict[str, int]:
+        cfg = self.config(i)
+        return flow_maps.read_counters(instance_names(cfg).flow_pins, cfg.graphs[0].index)
+
+    def graph_netns(self, i: int) -> str:
+        cfg = self.config(i)
+        return graph_names(cfg, cfg.graphs[0]).netns
+
+    def pepctl(self, i: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        conf = os.path.join(self.lab.run_dir, f"pep{i}.toml")
+        return subprocess.run(in_netns(self.lab.netns(f"ph{i}"), [PEPCTL, "-c", conf, *args]), capture_output=True,
+                              text=True, timeout=timeout)
+
+    def share_hosts(self) -> dict[int, tuple[int | None, int | None]]:
+        """share -> (the host ra sends it to, the host ro sends it to), by their BGP best paths."""
+        return cluster.share_hosts(os.path.join(self.lab.run_dir, "frr"))
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with LabHandle.up(f"t{secrets.token_hex(3)}", ["--hosts", "2"]) as handle:
+        yield Cluster(handle)
+
+
+# -- connections the test holds ---------------------------------------------------------------------
+def get(sock: socket.socket, path: str = "/1k") -> None:
+    """One request on a kept-alive connection; returns once the whole answer is in."""
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: origin\r\n\r\n".encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed before the answer's header")
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200"), head[:100]
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed in the middle of the answer")
+        body += chunk
+
+
+def hold(lab: Cluster, shares, per_share: int = PER_SHARE) -> dict[int, list[socket.socket]]:
+    """Connections from the client's address in each share, one answer read on each, kept open.
+    Made on a thread inside the client's namespace: the sockets are of that namespace."""
+    def make():
+        out = {}
+        for k in shares:
+            out[k] = []
+            for _ in range(per_share):
+                s = socket.create_connection((ORIGIN, 80), timeout=5, source_address=(cluster.client_address(k), 0))
+                get(s)
+                out[k].append(s)
+        return out
+    return nsutil.in_netns(lab.lab.netns("client"), make)
+
+
+def close_all(held: dict[int, list[socket.socket]]) -> None:
+    for socks in held.values():
+        for s in socks:
+            s.close()
+
+
+def established(ns: str) -> list[tuple[str, int, str, int]]:
+    """(local address, port, remote address, port) of every established TCP socket in ns."""
+    def dump():
+        return [(str(ipaddress.IPv4Address(src[:4])), sport, str(ipaddress.IPv4Address(dst[:4])), dport)
+                for (sport, dport, src, dst, _, _), _ in nsutil.sock_diag(socket.AF_INET, 1 << nsutil.TCP_ESTABLISHED)]
+    return nsutil.in_netns(ns, dump)
+
+
+def check_symmetry(lab: Cluster) -> dict:
+    """Holds PER_SHARE connections per share and finds each one's two sockets on the hosts (the
+    sockets that appeared while it made them)."""
+    # Only the sockets these connections made count: a share that moved may have left old ones.
+    before = {i: set(established(lab.graph_netns(i))) for i in lab.hosts}
+    held = hold(lab, SHARES)
+    try:
+        socks = {i: set(established(lab.graph_netns(i))) - before[i] for i in lab.hosts}
+        report = {}
+        for k, conns in held.items():
+            src = cluster.client_address(k)
+            for s in conns:
+                port = s.getsockname()[1]
+                client_side = [i for i in lab.hosts if (ORIGIN, 80, src, port) in socks[i]]
+                assert client_side == [lab.primary(k)], \
+                    f"share {k} ({src}:{port}): the client side is on hosts {client_side}; expected only on " \
+                    f"ph{lab.primary(k)}, the share's primary"
+            server_side = {i: sum(1 for local, _, remote, rport in socks[i] if local == src and
+                                  (remote, rport) == (ORIGIN, 80)) for i in lab.hosts}
+            expected = {i: len(conns) if i == lab.primary(k) else 0 for i in lab.hosts}
+            assert server_side == expected, \
+                f"share {k} ({src}): server-side sockets per host {server_side}; expected {expected}: the host " \
+                "that holds a flow's client side must hold its server side, and no other host any"
+            report[k] = lab.primary(k)
+        return report
+    finally:
+        close_all(held)
+
+
+# -- a timed load ------------------------------------------------------------------------------------
+def start_load(lab: Cluster, share: int, seconds: float, long_every: float = 0.05) -> subprocess.Popen:
+    """Short connections (2 workers) and a long one every long_every s (10 requests, 100 ms apart)
+    from the client's address in share, for seconds."""
+    load = lab.lab.popen("client", PYTHON, LOADGEN, "--dst", ORIGIN, "--src", cluster.client_address(share),
+                         "--duration", str(seconds), "--workers", "2", "--long-every", str(long_every))
+    line = load.stdout.readline()
+    assert line, f"client: loadgen did not start: {load.communicate(timeout=5)[1][-2000:]}"
+    return load
+
+
+def finish_load(load: subprocess.Popen, seconds: float) -> list[dict]:
+    out, err = load.communicate(timeout=seconds + 30)
+    assert load.returncode == 0, f"client: loadgen exited {load.returncode}: {err[-2000:]}"
+    return sorted(json.loads(out.splitlines()[-1])["connections"], key=lambda c: c["start"])
+
+
+def failed(conns: list[dict]) -> list[str]:
+    return [f"{c['kind']} started {c['start']:.3f}: {c['error']}" for c in conns if not c["ok"]]
+
+
+# -- the tests, in order -----------------------------------------------------------------------------
+def test_two_hosts_every_flow_crosses_one_host_both_ways(lab):
+    assert lab.hosts == [1, 2]
+    routed = lab.share_hosts()
+    expected = {k: (lab.primary(k), lab.primary(k)) for k in SHARES}
+    assert routed == expected, f"(ra, ro) host per share: got {routed}, expected {expected} (the primaries)"
+    hosts_used = set(check_symmetry(lab).values())
+    assert hosts_used == {1, 2}, f"flows crossed hosts {hosts_used}: both hosts should own shares"
+
+
+def test_drain_loses_no_connection(lab):
+    """ph1 drains under a load of its own shares: connections under way finish on ph1, new ones go
+    to ph2 at once, none fails; then ph1's shares are withdrawn, and announced again by --undo."""
+    share = next(k for k in SHARES if lab.primary(k) == 1)
+    seconds = 4.0
+    before = lab.counters(2)
+    load = start_load(lab, share, seconds)
+    time.sleep(1.0)
+    drained = lab.pepctl(1, "drain", "--timeout", "30")
+    conns = finish_load(load, seconds)
+    assert drained.returncode == 0 and "no proxied connection left" in drained.stdout, \
+        f"ph1: pepctl drain: exit {drained.returncode}: {drained.stdout} {drained.stderr}"
+    assert len(conns) >= 50 and not failed(conns), f"share {share}: {len(failed(conns))} of {len(conns)} " \
+                                                   f"connections failed during ph1's drain: {failed(conns)[:10]}"
+    took = lab.counters(2)["flows_proxied"] - before["flows_proxied"]
+    assert took > 0, "ph2 proxied no flow of ph1's shares while ph1 drained"
+    wait_until(lambda: all(lab.share_hosts()[k] == (lab.backup(k),) * 2 for k in SHARES if lab.primary(k) == 1),
+               timeout=10, what=f"the routers to send ph1's shares to ph2 ({lab.share_hosts()})")
+    undone = lab.pepctl(1, "drain", "--undo")
+    assert undone.returncode == 0, f"ph1: pepctl drain --undo: {undone.stderr}"
+    expected = {k: (lab.primary(k), lab.primary(k)) for k in SHARES}
+    wait_until(lambda: lab.share_hosts() == expected, timeout=10,
+               what=f"the routers to send every share to its primary again ({lab.share_hosts()} != {expected})")
+
+
+def test_added_host_takes_only_its_own_shares(lab):
+    """pep-lab add-host: ph3 comes up, ph1 and ph2 reload with it; the shares that move are exactly
+    those ph3 is now primary of, and connections of every other share live on."""
+    before = lab.share_hosts()
+    held = hold(lab, SHARES, per_share=2)
+    try:
+        added = lab.lab.run_pep_lab("add-host")
+        assert added.returncode == 0, f"pep-lab add-host: {added.stderr}\n{added.stdout[-2000:]}"
+        assert lab.hosts == [1, 2, 3]
+        expected = {k: (lab.primary(k), lab.primary(k)) for k in SHARES}
+        wait_until(lambda: lab.share_hosts() == expected, timeout=15,
+                   what=f"the routers to follow the new owners ({lab.share_hosts()} != {expected})")
+        moved = {k for k in SHARES if expected[k] != before[k]}
+        taken = {k for k in SHARES if lab.primary(k) == 3}
+        assert taken and moved == taken, f"shares moved: {sorted(moved)}; ph3 is primary of {sorted(taken)}"
+        for k in set(SHARES) - moved:
+            for s in held[k]:
+                get(s)    # raises if the connection broke
+    finally:
+        close_all(held)
+
+
+def test_three_hosts_every_flow_crosses_one_host_both_ways(lab):
+    assert lab.hosts == [1, 2, 3]
+    hosts_used = set(check_symmetry(lab).values())
+    assert hosts_used == {1, 2, 3}, f"flows crossed hosts {hosts_used}"
+
+
+def test_dead_host_shares_move_to_backups_within_a_second(lab):
+    """ph2's NIC goes down: BFD tells both routers, ph2's shares go to their backups; new flows of
+    them succeed within 1 s; no flow of a share ph2 did not carry fails."""
+    victim = 2
+    moved = next(k for k in SHARES if lab.primary(k) == victim)
+    other = next(k for k in SHARES if lab.primary(k) != victim)
+    seconds = 4.0
+    loads = {k: start_load(lab, k, seconds, long_every=0.1) for k in (moved, other)}
+    time.sleep(1.5)
+    dead_at = time.monotonic()
+    lab.lab.run(f"ph{victim}", "ip", "link", "set", "nic0", "down")
+    conns = {k: finish_load(load, seconds) for k, load in loads.items()}
+    assert not failed(conns[other]), f"share {other} (ph{lab.primary(other)}): flows failed when ph{victim} died: " \
+                                     f"{failed(conns[other])[:10]}"
+    late = [c for c in conns[moved] if c["start"] >= dead_at + FAILOVER_WITHIN]
+    bad = [c for c in late if not c["ok"] or c["connected"] - c["start"] > SYN_LOST]
+    assert len(late) >= 20 and not bad, \
+        f"share {moved}: of {len(late)} connections started 1 s or more after ph{victim} died, {len(bad)} failed " \
+        f"or waited for a SYN retransmit: {failed(bad)[:5]}"
+    routed = lab.share_hosts()
+    assert routed[moved] == (lab.backup(moved),) * 2, f"share {moved} is routed to {routed[moved]}, not to its " \
+                                                      f"backup ph{lab.backup(moved)}"

@@ -1,0 +1,190 @@
+"""[routing]: shares, their owners, the FRR config pepctl renders, and the config's errors."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from pepctl import config as configmod
+from pepctl import drain, reload, routing
+
+BASE = """
+[host]
+instance = "pep1"
+nic = "eth1"
+[[graph]]
+name = "g1"
+[graph.access]
+vlan = 100
+addresses = ["198.18.64.11/24"]
+prefixes = ["198.18.0.0/24"]
+gateways = ["198.18.64.1"]
+[graph.origin]
+vlan = 200
+addresses = ["198.19.64.11/24"]
+prefixes = ["0.0.0.0/0"]
+gateways = ["198.19.64.1"]
+[graph.proxy]
+interception = "nft"
+"""
+
+
+def routing_table(host: str = "ph1", hosts: int = 3, extra: str = "") -> str:
+    members = ",\n".join(f'{{ name = "ph{i}", access = "198.18.64.{10 + i}", origin = "198.19.64.{10 + i}" }}'
+                         for i in range(1, hosts + 1))
+    return f"""
+[routing]
+asn = 65011
+host = "{host}"
+hosts = [
+{members},
+]
+subscribers = "198.18.0.0/24"
+shares = 8
+anchors = "198.18.96.0/27"
+{extra}
+[[routing.peer]]
+side = "access"
+address = "198.18.64.1"
+asn = 65001
+[[routing.peer]]
+side = "origin"
+address = "198.19.64.1"
+asn = 65002
+"""
+
+
+def parse(text: str) -> configmod.Config:
+    return configmod.parse(text, "pep.toml", available_cc={"bbr", "cubic"})
+
+
+def errors(text: str) -> list[str]:
+    with pytest.raises(configmod.ConfigError) as e:
+        parse(text)
+    return [str(x) for x in e.value.errors]
+
+
+def test_shares_split_the_subscriber_space_and_anchors_follow():
+    r = parse(BASE + routing_table()).routing
+    prefixes = routing.share_prefixes(r)
+    assert [str(p) for p in prefixes[:2]] == ["198.18.0.0/27", "198.18.0.32/27"] and len(prefixes) == 8
+    assert str(routing.anchor(r, 5)) == "198.18.96.5"
+    assert routing.share_of(r, ipaddress.IPv4Address("198.18.0.74")) == 2
+    assert routing.share_of(r, ipaddress.IPv4Address("198.19.0.1")) is None
+
+
+def test_every_share_has_two_different_hosts_and_every_host_some_share():
+    r = parse(BASE + routing_table()).routing
+    pairs = routing.owners(r)
+    assert all(p != b and b is not None for p, b in pairs), pairs
+    assert {p for p, _ in pairs} == {"ph1", "ph2", "ph3"}, f"a host primary for nothing: {pairs}"
+
+
+def test_adding_a_host_moves_only_the_shares_it_takes():
+    """Rendezvous hashing: a share's primary changes only to the new host."""
+    before = routing.owners(parse(BASE + routing_table(hosts=3)).routing)
+    after = routing.owners(parse(BASE + routing_table(hosts=4)).routing)
+    for k, ((p0, _), (p1, _)) in enumerate(zip(before, after, strict=True)):
+        assert p1 in (p0, "ph4"), f"share {k}: primary {p0} became {p1}, not the new host"
+    assert any(p1 == "ph4" for p1, _ in after), "the new host took no share"
+
+
+def test_removing_a_host_moves_only_its_shares():
+    before = routing.owners(parse(BASE + routing_table(hosts=3)).routing)
+    after = routing.owners(parse(BASE + routing_table(hosts=2)).routing)
+    for k, ((p0, b0), (p1, _)) in enumerate(zip(before, after, strict=True)):
+        assert p1 == (b0 if p0 == "ph3" else p0), f"share {k}: {p0}/{b0} became {p1}"
+
+
+def test_assign_pins_a_share():
+    r = parse(BASE + routing_table(extra='assign = { "0" = ["ph3", "ph2"] }')).routing
+    assert routing.owners(r)[0] == ("ph3", "ph2")
+
+
+def test_bgpd_config_announces_primary_shares_plainly_and_backup_shares_prepended():
+    r = parse(BASE + routing_table()).routing
+    text = routing.bgpd_config(r, "pep1-ph1")
+    roles = routing.roles(r)
+    prefixes = routing.share_prefixes(r)
+    assert roles, "ph1 announces nothing"
+    for k, role in roles.items():
+        assert f"ip prefix-list pep-origin-{role} seq" in text and f"permit {prefixes[k]}" in text
+        assert f"permit {routing.anchor(r, k)}/32" in text
+    for k in set(range(8)) - set(roles):
+        assert f"permit {prefixes[k]}\n" not in text, f"share {k} is not ph1's but its prefix lists permit it"
+    assert "set as-path prepend 65011 65011 65011" in text
+    assert "neighbor 198.18.64.1 bfd profile pep" in text and "neighbor 198.19.64.1 remote-as 65002" in text
+    assert "route-map pep-nothing in" in text, "a host must take no routes from the routers"
+
+
+def test_drained_config_announces_nothing():
+    r = parse(BASE + routing_table()).routing
+    lists = routing.prefix_lists(r, drained=True)
+    assert all(lines == [f"ip prefix-list {name} seq 5 deny any"] for name, lines in lists.items()), lists
+
+
+def test_drain_hands_each_share_to_its_other_host():
+    r = parse(BASE + routing_table()).routing
+    lines = drain.handover_lines(r, "add")
+    for k in routing.roles(r):
+        other = routing.other_host(r, k)
+        assert other is not None and other.name != "ph1"
+        table = drain.DRAIN_TABLE_BASE + k
+        assert f"route replace default via {other.access} dev c_in table {table}" in lines
+        assert f"route replace {routing.share_prefixes(r)[k]} via {other.origin} dev s_in table {table}" in lines
+    assert all(x.kind == "client" for x in drain.handover_rules(r))
+
+
+def test_bfd_profile():
+    assert "detect-multiplier 3" in routing.bfdd_config("h", 100, 3)
+    assert "transmit-interval 100" in routing.bfdd_config("h", 100, 3)
+
+
+def test_defaults():
+    r = parse(BASE + routing_table()).routing
+    assert r.graph == "g1" and r.bfd_interval_ms == 100 and r.bfd_multiplier == 3
+    assert str(r.router_id) == "198.18.64.11"
+
+
+@pytest.mark.parametrize("change, field, words", [
+    (('host = "ph1"', 'host = "ph9"'), "routing.host", "not in routing.hosts"),
+    (("shares = 8", "shares = 6"), "routing.shares", "power of 2"),
+    (("shares = 8", "shares = 512"), "routing.shares", "power of 2"),
+    (('anchors = "198.18.96.0/27"', 'anchors = "198.18.96.0/30"'), "routing.anchors", "every share needs"),
+    (('anchors = "198.18.96.0/27"', 'anchors = "198.18.0.0/27"'), "routing.anchors", "overlaps"),
+    (("asn = 65011", "asn = 0"), "routing.asn", "not an AS number"),
+    (('address = "198.18.64.1"', 'address = "198.19.64.1"'), "routing.peer[0].address", "not in graph g1's access subnets"),
+    (('side = "origin"', 'side = "inside"'), "routing.peer[1].side", "must be"),
+    (('access = "198.18.64.12"', 'access = "10.0.0.1"'), "routing.hosts[1].access", "not in graph g1's access subnets"),
+    (('access = "198.18.64.11"', 'access = "198.18.64.99"'), "routing.hosts[0].access", "this host's entry"),
+])
+def test_bad_routing_is_named(change, field, words):
+    old, new = change
+    text = BASE + routing_table()
+    assert old in text
+    got = errors(text.replace(old, new, 1))
+    assert any(f"{field} " in e and words in e for e in got), f"want {field}: {words}; got {got}"
+
+
+def test_routing_needs_a_router_on_each_side():
+    text = BASE + routing_table()
+    text = text[:text.rindex("[[routing.peer]]")]
+    assert any("no origin-side router" in e for e in errors(text))
+
+
+def test_reload_takes_a_new_cluster_live_but_not_a_new_address_plan():
+    from_three = parse(BASE + routing_table(hosts=3))
+    assert reload.structural_changes(from_three, parse(BASE + routing_table(hosts=4))) == []
+    moved = reload.structural_changes(from_three, parse(BASE + routing_table(hosts=3).replace("shares = 8",
+                                                                                               "shares = 16")))
+    assert [e.field for e in moved] == ["routing.shares"], moved
+    assert [e.field for e in reload.structural_changes(from_three, parse(BASE))] == ["routing"]
+
+
+def test_bpf_interception_is_refused_beside_frr():
+    """bfdd's IPv4 packet socket in the graph's namespace makes the kernel clone every packet at
+    ip_rcv, which drops the socket bpf_sk_assign gave a SYN (tests/netns/test_cluster.py shows
+    the RSTs it would cause)."""
+    got = errors(BASE.replace('interception = "nft"', 'interception = "bpf"') + routing_table())
+    assert any("graph[0].proxy.interception " in e and "packet socket" in e for e in got), got
