@@ -13,6 +13,8 @@ proxied variant intercepts port 80 only, so the interception modes do the same w
   splice-auto   bpf, splice-auto
   splice-off    bpf, no splice
   http-mode     bpf, HAProxy in HTTP mode
+  nginx-stream  the proxy an operator might pick instead: nginx 1.22 `stream`, transparent both
+                ways, nft interception, the same congestion control per side (netns/nginx_stream.py)
 For each: one-transaction-per-connection 1 KB HTTP (wrk, `Connection: close`: transactions/s),
 the machine's CPU time per such transaction (busy time of all CPUs from /proc/stat over the run,
 divided by its transactions: client and origin included, so the proxy's own cost is a
@@ -42,6 +44,7 @@ VARIANTS = {
     "splice-auto": ["--splice", "auto", *PORT80],
     "splice-off": ["--splice", "off", *PORT80],
     "http-mode": ["--mode", "http", *PORT80],
+    "nginx-stream": ["--proxy-engine", "nginx", *PORT80],
 }
 WRK_LUA = os.path.join(os.path.dirname(__file__), "wrk_json.lua")
 URL = "http://198.19.0.10"

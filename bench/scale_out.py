@@ -15,7 +15,8 @@ Then the events, each under the same load for EVENT_SECONDS with the event at EV
   kill   ph2's NIC down on the 3-host lab (BFD finds it; its shares go to their backups).
 For each: transactions failed (connections lost), and for kill, the time from the NIC going down
 to new connections of a share ph2 owned succeeding (tests/netns/loadgen.py from that share's
-address: the first connection started after the last one that failed or retransmitted its SYN).
+address, a connection every 20 ms on a fixed schedule: the first one started after the last one
+that failed or retransmitted its SYN).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ CLIENTS = "198.18.0.11-198.18.0.250"
 LOADGEN = os.path.join(REPO, "tests", "netns", "loadgen.py")
 EVENT_SECONDS, EVENT_AT = 8.0, 3.0
 SYN_LOST = 0.9        # s: a connect this slow had its SYN retransmitted (initial RTO: 1 s)
+PROBE_EVERY = 0.02    # s: the probe opens a connection this often, whatever the others do (open loop)
 
 
 def add_addresses(lab) -> None:
@@ -89,8 +91,8 @@ def under_load(lab, profile: str, conns: int, event, probe_share: int | None = N
     probe = None
     if probe_share is not None:
         probe = lab.popen("client", PYTHON, LOADGEN, "--dst", "198.19.0.10", "--src",
-                          cluster.client_address(probe_share), "--duration", str(EVENT_SECONDS), "--workers", "2",
-                          "--long-every", "0", "--timeout", "5")
+                          cluster.client_address(probe_share), "--duration", str(EVENT_SECONDS), "--workers", "0",
+                          "--long-every", str(PROBE_EVERY), "--long-requests", "1", "--timeout", "5")
         probe.stdout.readline()
     load.start()
     time.sleep(EVENT_AT)

@@ -1,4 +1,4 @@
-"""pep-lab up --hosts N: several proxy hosts behind two routers, FRR (BGP, BFD) everywhere.
+"""pep-lab up --hosts N (1-4), pep-lab add-host: proxy hosts behind two routers, FRR (BGP, BFD) everywhere.
 
                          +-- h1 -- sw1 ==trunk== ph1  (pepctl up; graph pl<rid>1-pep: HAProxy, FRR)
   client -- eth0 -- ra --+-- h2 -- sw2 ==trunk== ph2  ...
@@ -20,7 +20,8 @@ The routers wait for the hosts' sessions (passive): a graph's addresses take no 
 Each router has one segment for the hosts (a bridge, "hosts", over its links hI): access
 198.18.64.0/24 (ra .1, host I's c_in .10+I), origin 198.19.64.0/24 (ro .1, host I's s_in .10+I).
 On it a draining host hands new flows to another host directly. The client has one address in
-every share, 198.18.0.(32k+10). ASNs: ra 65001, ro 65002, host I 65010+I. IPv4 only.
+every share, 198.18.0.(32k+10). ASNs: ra 65001, ro 65002, host I 65010+I. IPv4 only. The hosts
+intercept with nft: bfdd's packet socket rules out bpf (README, "Several proxy hosts").
 """
 
 from __future__ import annotations

@@ -34,6 +34,8 @@ from pepctl.names import in_netns
 from pepctl.plan import mkdir_step, port_attach_batch, steer_ports_step, steering_load_steps, trunk_attach_step
 from pepctl.runner import Call, Journal, Step, daemon_step
 
+from . import nginx_stream
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATE_DIR = "/run/peplab"
 NODES = ("client", "switch", "proxyhost", "origin")
@@ -181,9 +183,12 @@ class Lab:
         """The real thing: one 802.1Q trunk, the switch and the proxy host steering with tc BPF."""
         sw, ph = self.netns("switch"), self.netns("proxyhost")
         steps = switch_steps(sw, ph, self.switch_pins)
-        steps.append(Step("write the proxy host's pepctl config",
-                          Call("write", (self.pep_config, self.render_pep(opts)), self.pep_config)))
+        text = self.render_pep(opts)
+        steps.append(Step("write the proxy host's pepctl config", Call("write", (self.pep_config, text),
+                                                                        self.pep_config)))
         steps.append(pepctl_up_step(ph, self.pep_config))
+        if getattr(opts, "proxy_engine", "haproxy") == "nginx":
+            steps += nginx_stream.steps(text, self.pep_config, self.run_dir, workers=os.cpu_count() or 1)
         return steps
 
     def plain_core_steps(self) -> list[Step]:
@@ -228,7 +233,9 @@ class Lab:
             [int(p) if p.isdigit() else p for p in opts.ports.split(",")])
         fraction = getattr(opts, "control_fraction", 0.0)
         experiment = f"\n[graph.experiment]\ncontrol_fraction = {fraction}\n" if fraction else ""
-        text = template.substitute(rid=self.rid, run_dir=self.run_dir, proxy=str(not opts.no_proxy).lower(),
+        # With nginx as the proxy, pepctl's stays off: the graph routes, nginx intercepts.
+        proxy = not opts.no_proxy and getattr(opts, "proxy_engine", "haproxy") == "haproxy"
+        text = template.substitute(rid=self.rid, run_dir=self.run_dir, proxy=str(proxy).lower(),
                                    interception=opts.interception, ports=ports, splice=opts.splice,
                                    mode=opts.mode, experiment=experiment,
                                    metrics_port=0 if getattr(opts, "no_metrics", False) else 9101)

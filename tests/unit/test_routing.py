@@ -7,7 +7,7 @@ import ipaddress
 import pytest
 
 from pepctl import config as configmod
-from pepctl import drain, reload, routing
+from pepctl import drain, plan, reload, routing
 
 BASE = """
 [host]
@@ -154,9 +154,9 @@ def test_defaults():
     (('anchors = "198.18.96.0/27"', 'anchors = "198.18.96.0/30"'), "routing.anchors", "every share needs"),
     (('anchors = "198.18.96.0/27"', 'anchors = "198.18.0.0/27"'), "routing.anchors", "overlaps"),
     (("asn = 65011", "asn = 0"), "routing.asn", "not an AS number"),
-    (('address = "198.18.64.1"', 'address = "198.19.64.1"'), "routing.peer[0].address", "not in graph g1's access subnets"),
+    (('address = "198.18.64.1"', 'address = "198.19.64.1"'), "routing.peer[0].address", "not in graph g1's access"),
     (('side = "origin"', 'side = "inside"'), "routing.peer[1].side", "must be"),
-    (('access = "198.18.64.12"', 'access = "10.0.0.1"'), "routing.hosts[1].access", "not in graph g1's access subnets"),
+    (('access = "198.18.64.12"', 'access = "10.0.0.1"'), "routing.hosts[1].access", "not in graph g1's access"),
     (('access = "198.18.64.11"', 'access = "198.18.64.99"'), "routing.hosts[0].access", "this host's entry"),
 ])
 def test_bad_routing_is_named(change, field, words):
@@ -184,7 +184,21 @@ def test_reload_takes_a_new_cluster_live_but_not_a_new_address_plan():
 
 def test_bpf_interception_is_refused_beside_frr():
     """bfdd's IPv4 packet socket in the graph's namespace makes the kernel clone every packet at
-    ip_rcv, which drops the socket bpf_sk_assign gave a SYN (tests/netns/test_cluster.py shows
-    the RSTs it would cause)."""
+    ip_rcv, which drops the socket bpf_sk_assign gave a SYN (tests/netns/test_interception.py shows
+    the resets it causes)."""
     got = errors(BASE.replace('interception = "nft"', 'interception = "bpf"') + routing_table())
     assert any("graph[0].proxy.interception " in e and "packet socket" in e for e in got), got
+
+
+def test_a_transit_link_subnet_is_on_link():
+    """Addresses go in without prefix routes (each route carries its side's congctl): a subnet that
+    no prefix covers (the link to a router) gets its own on-link route, or its gateway and the
+    other hosts there would be unreachable."""
+    cfg = parse(BASE + routing_table())
+    lines = plan.route_lines(cfg, cfg.graphs[0])
+    assert "route replace 198.18.64.0/24 dev c_in scope link src 198.18.64.11 proto static congctl bbr " \
+           "initcwnd 32" in lines, lines
+    assert any(x.startswith("route replace 198.19.64.0/24 dev s_in scope link") for x in lines), lines
+    assert lines.index("route replace 198.18.0.0/24 via 198.18.64.1 dev c_in proto static congctl bbr initcwnd 32") \
+        > lines.index("route replace 198.18.64.0/24 dev c_in scope link src 198.18.64.11 proto static congctl bbr "
+                      "initcwnd 32"), "the gateway's route must come before the route through it"
