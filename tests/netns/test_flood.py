@@ -11,9 +11,10 @@ is a new bypassed flow and churns flows_new, the LRU) and "proxied" (`bypass add
 198.18.0.10/32`: the spoofed SYNs go to HAProxy's listener, as in the flood that evicted idle
 bypassed flows before issue 11, when proxied flows had entries too). Each on the default lab
 (interception `bpf`) and on one with `--interception nft --ports 80`. nft is where a lost entry is
-fatal: the connection's next segment finds no entry, goes to the stack, and nft's tproxy hands it
-to HAProxy's listener, which resets it (test_a_lost_entry_breaks_the_idle_connection_in_nft_mode
-shows it, so the flood test can fail).
+fatal once no rule names the flow: the connection's next segment finds no entry, goes to the
+stack, and nft's tproxy hands it to HAProxy's listener, which resets it
+(test_a_lost_entry_breaks_nft_but_not_bpf shows it; while the rule is in force the datapath still
+forwards it). The flood test reads the entry itself, so it can fail either way.
 
 How right is told from wrong: the idle connection's entry is read from the flow tables before and
 after the flood (table, verdict, ISN, first_seen: the same entry, still in `flows`); the flood's
@@ -213,18 +214,27 @@ def test_idle_bypassed_connection_outlives_a_million_new_flows(lab, pins, bypass
 
 def test_a_lost_entry_breaks_nft_but_not_bpf(lab, pins, bypass_rule):
     """The control, which shows what the flood test guards. With its entry gone (as an eviction
-    would do), the idle bypassed connection's next request meets, in mode nft, tproxy and HAProxy,
-    and fails; in mode bpf it finds no socket of HAProxy's and is routed on by the stack, and
-    answers (the flood test reads the entry itself there)."""
+    would do) but its rule still in force, the idle bypassed connection's next request is forwarded
+    all the same (a segment of no flow that a rule names and no socket owns: tc/flow.c no_flow),
+    in both modes. With the rule gone too, in mode nft it meets tproxy and HAProxy, and fails; in
+    mode bpf it finds no socket of HAProxy's and is routed on by the stack, and answers (the
+    flood test reads the entry itself, so it can fail either way)."""
     idle, e = open_idle(lab, pins)
     try:
         assert flow_maps.del_keys(pins, "flows", [flow_maps.flow_key(CLIENT, e["sub_port"], ORIGIN, 80)]) == 1
-        second = idle.ask()
+        ruled = idle.ask()
+        lab.pepctl("bypass", "del", "client", bypass_rule)
+        try:
+            second = idle.ask()
+        finally:
+            lab.pepctl("bypass", "add", "client", bypass_rule)
     finally:
         idle.close()
+    assert answered(ruled), f"client {CLIENT}: with its entry lost and its rule in force, the idle connection " \
+                            f"must still be forwarded and answer ({lab.interception}); got {ruled}"
     if lab.interception == "nft":
-        assert not answered(second), f"client {CLIENT}: the idle connection answered with its entry deleted " \
-                                     f"({second}): losing it would not break it, and the flood test proves nothing"
+        assert not answered(second), f"client {CLIENT}: the idle connection answered with its entry and its rule " \
+                                     f"gone ({second}): losing it would not break it, and the flood test proves nothing"
     else:
         assert answered(second), f"client {CLIENT}: in mode bpf a bypassed connection without its entry must be " \
                                  f"routed on by the stack and answer; got {second}"
