@@ -65,20 +65,32 @@ def scrape_every(lab, stop: threading.Event) -> None:
         lab.run("proxyhost", "curl", "-s", "-m", "5", "-o", "/dev/null", METRICS, check=False)
 
 
-def cpu_busy_seconds() -> float:
-    """Busy time of all CPUs since boot, from the first line of /proc/stat (USER_HZ ticks)."""
+CPU_KINDS = ("user", "system", "softirq")   # where a transaction's CPU time goes (CPU_FIELDS below)
+# The first line of /proc/stat: user nice system idle iowait irq softirq steal (USER_HZ ticks). Busy time is
+# all but idle and iowait; nice counts as user, hard irq as softirq (packets: both are the network's).
+CPU_FIELDS = {"user": (0, 1), "system": (2,), "softirq": (5, 6, 7)}
+
+
+def cpu_seconds() -> dict[str, float]:
+    """Busy time of all CPUs since boot by kind (CPU_KINDS), and "busy", their sum."""
     with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    idle = ticks[3] + ticks[4]    # idle, iowait
-    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    hz = os.sysconf("SC_CLK_TCK")
+    out = {kind: sum(ticks[i] for i in fields) / hz for kind, fields in CPU_FIELDS.items()}
+    return out | {"busy": sum(out.values())}
+
+
+def cpu_busy_seconds() -> float:
+    return cpu_seconds()["busy"]
 
 
 def transactions_1k(lab, seconds: float) -> dict:
-    busy = cpu_busy_seconds()
+    before = cpu_seconds()
     r = wrk(lab, "/1k", seconds, 16, close=True)
-    busy = cpu_busy_seconds() - busy
+    after = cpu_seconds()
+    per_tx = {k: (after[k] - before[k]) / max(r["requests"], 1) * 1e6 for k in after}
     return {"tps": r["requests"] / (r["duration_us"] / 1e6), "errors": r["errors"] + r["status_errors"],
-            "cpu_us_per_tx": busy / max(r["requests"], 1) * 1e6}
+            "cpu_us_per_tx": per_tx["busy"], **{f"{k}_us_per_tx": per_tx[k] for k in CPU_KINDS}}
 
 
 def ttfb(lab, count: int) -> dict:
@@ -95,16 +107,56 @@ def large_gbps(lab, seconds: float) -> dict:
     return {"gbps": r["bytes"] * 8 / (r["duration_us"] / 1e6) / 1e9, "errors": r["errors"]}
 
 
+SAMPLE_KEYS = ("tps", "errors", "cpu_us_per_tx", *(f"{k}_us_per_tx" for k in CPU_KINDS), "ttfb_p50_us",
+               "ttfb_p99_us", "gbps_10m")
+
+
+def measure(lab, name: str, rep: str, seconds: float, ttfb_count: int) -> dict:
+    """One sample of every figure (SAMPLE_KEYS) on one lab, printed as a line."""
+    t = transactions_1k(lab, seconds)
+    f = ttfb(lab, ttfb_count)
+    g = large_gbps(lab, seconds)
+    print(f"rep {rep} {name:<20} {t['tps']:9,.0f} tx/s  {t['cpu_us_per_tx']:5.0f} us CPU/tx  "
+          f"ttfb p50 {f['p50_us']:6.0f} us p99 {f['p99_us']:6.0f} us  10MB {g['gbps']:6.2f} Gbit/s", flush=True)
+    return {**t, "errors": t["errors"] + g["errors"], "ttfb_p50_us": f["p50_us"], "ttfb_p99_us": f["p99_us"],
+            "gbps_10m": g["gbps"]}
+
+
+def ratio_bars(plt, ratios: dict[str, dict[str, float]], panels, baseline: str, colors: list[str], title: str):
+    """One bar chart per (key, title) in panels: every variant's ratio to baseline."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4))
+    for ax, (key, panel) in zip(axes, panels, strict=True):
+        ax.bar(list(ratios), [r[key] for r in ratios.values()], color=colors)
+        ax.axhline(1.0, color="k", lw=0.6)
+        ax.set_title(f"{panel} (ratio to {baseline})")
+        ax.tick_params(axis="x", rotation=50)
+    fig.suptitle(title)
+    return fig
+
+
+def add_measure_args(ap: argparse.ArgumentParser, reps: int, ttfb_count: int) -> None:
+    ap.add_argument("--reps", type=int, default=reps)
+    ap.add_argument("--seconds", type=float, default=4, help="of each wrk run")
+    ap.add_argument("--ttfb-count", type=int, default=ttfb_count, help="sequential connections for TTFB")
+
+
+def measure_alternately(lab: dict, chosen: list[str], args: argparse.Namespace) -> dict[str, dict[str, list]]:
+    """args.reps samples of every lab in chosen, in alternating order (forward, then backward)."""
+    raw = {v: {k: [] for k in SAMPLE_KEYS} for v in chosen}
+    for rep in range(args.reps):
+        for v in chosen if rep % 2 == 0 else chosen[::-1]:
+            sample = measure(lab[v], v, f"{rep + 1}/{args.reps}", args.seconds, args.ttfb_count)
+            for k in SAMPLE_KEYS:
+                raw[v][k].append(sample[k])
+    return raw
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="bench proxy", description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--seconds", type=float, default=4)
-    ap.add_argument("--ttfb-count", type=int, default=200)
+    add_measure_args(ap, reps=3, ttfb_count=200)
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset (routed always runs)")
     args = ap.parse_args()
     chosen = ["routed"] + [v for v in args.variants.split(",") if v in VARIANTS and v != "routed"]
-    raw = {v: {"tps": [], "errors": [], "cpu_us_per_tx": [], "ttfb_p50_us": [], "ttfb_p99_us": [], "gbps_10m": []}
-           for v in chosen}
     with ExitStack() as stack:
         lab = labs(stack, {v: VARIANTS[v] for v in chosen})
         exporter_cpu = None
@@ -115,22 +167,7 @@ def main() -> int:
             scraper.start()
             stack.callback(scraper.join)
             stack.callback(stop.set)
-        for rep in range(args.reps):
-            order = chosen if rep % 2 == 0 else chosen[::-1]
-            for v in order:
-                t = transactions_1k(lab[v], args.seconds)
-                f = ttfb(lab[v], args.ttfb_count)
-                g = large_gbps(lab[v], args.seconds)
-                s = raw[v]
-                s["tps"].append(t["tps"])
-                s["cpu_us_per_tx"].append(t["cpu_us_per_tx"])
-                s["errors"].append(t["errors"] + g["errors"])
-                s["ttfb_p50_us"].append(f["p50_us"])
-                s["ttfb_p99_us"].append(f["p99_us"])
-                s["gbps_10m"].append(g["gbps"])
-                print(f"rep {rep + 1}/{args.reps} {v:<12} {t['tps']:9,.0f} tx/s  {t['cpu_us_per_tx']:5.0f} us CPU/tx  "
-                      f"ttfb p50 {f['p50_us']:6.0f} us "
-                      f"p99 {f['p99_us']:6.0f} us  10MB {g['gbps']:6.2f} Gbit/s", flush=True)
+        raw = measure_alternately(lab, chosen, args)
         if exporter_cpu:
             used = exporter_cpu_seconds(lab["bpf"]) - exporter_cpu[0]
             exporter_cpu = {"cpu_s": used, "wall_s": time.monotonic() - exporter_cpu[1],
@@ -143,36 +180,36 @@ def main() -> int:
     ratios = {v: {k: paired_ratio(raw[v][k], raw["routed"][k]) for k in keys} for v in chosen}
     ratios_of_medians = {v: {k: m[k] / base[k] for k in keys} for v, m in med.items()}
     # The proxy's own CPU per transaction: the variant's machine-wide figure minus routed's, rep by rep.
-    proxy_cpu = {v: median([a - b for a, b in zip(raw[v]["cpu_us_per_tx"], raw["routed"]["cpu_us_per_tx"],
-                                                  strict=True)]) for v in chosen}
+    def proxy_share(v: str, key: str) -> float:
+        return median([a - b for a, b in zip(raw[v][key], raw["routed"][key], strict=True)])
+
+    proxy_cpu = {v: proxy_share(v, "cpu_us_per_tx") for v in chosen}
+    # Where the proxy's time goes: its share of user, system and softirq time per transaction.
+    proxy_cpu_kinds = {v: {k: proxy_share(v, f"{k}_us_per_tx") for k in CPU_KINDS} for v in chosen}
     # bpf against the other interception modes, paired rep by rep (the acceptance of issue 11).
     versus = {f"bpf/{v}": paired_ratio(raw["bpf"]["tps"], raw[v]["tps"]) for v in ("nft", "route", "no-metrics")
               if "bpf" in raw and v in raw}
-    table = [["variant", "1 KB tx/s", "ratio", "CPU us/tx", "proxy's us/tx", "TTFB p50 us", "ratio", "TTFB p99 us",
-              "ratio", "10 MB Gbit/s", "ratio", "errors"]]   # ratios paired rep by rep; medians of the samples
+    table = [["variant", "1 KB tx/s", "ratio", "CPU us/tx", "proxy's us/tx", "its user/sys/softirq", "TTFB p50 us",
+              "ratio", "TTFB p99 us", "ratio", "10 MB Gbit/s", "ratio", "errors"]]   # ratios paired; medians
     for v in chosen:
         m, r = med[v], ratios[v]
         table.append([v, f"{m['tps']:,.0f}", f"{r['tps']:.2f}", f"{m['cpu_us_per_tx']:.0f}",
                       "-" if v == "routed" else f"{proxy_cpu[v]:.0f}",
+                      "-" if v == "routed" else "/".join(f"{proxy_cpu_kinds[v][k]:.0f}" for k in CPU_KINDS),
                       f"{m['ttfb_p50_us']:.0f}", f"{r['ttfb_p50_us']:.2f}",
                       f"{m['ttfb_p99_us']:.0f}", f"{r['ttfb_p99_us']:.2f}", f"{m['gbps_10m']:.2f}",
                       f"{r['gbps_10m']:.2f}", str(m["errors"])])
 
     def plot(plt):
-        fig, axes = plt.subplots(1, 4, figsize=(18, 3.8))
         panels = (("tps", "1 KB transactions/s"), ("cpu_us_per_tx", "CPU time per transaction"),
                   ("ttfb_p50_us", "TTFB p50"), ("gbps_10m", "10 MB objects, Gbit/s"))
-        for ax, (key, title) in zip(axes, panels, strict=True):
-            ax.bar(chosen, [ratios[v][key] for v in chosen], color=["#888"] + ["#37a"] * (len(chosen) - 1))
-            ax.axhline(1.0, color="k", lw=0.6)
-            ax.set_title(f"{title} (ratio to routed)")
-            ax.tick_params(axis="x", rotation=35)
-        fig.suptitle(f"PEP variants vs routing without the proxy (medians of {args.reps})")
-        return fig
+        return ratio_bars(plt, ratios, panels, "routed", ["#888"] + ["#37a"] * (len(chosen) - 1),
+                          f"PEP variants vs routing without the proxy (medians of {args.reps})")
 
     write_report("proxy", {"reps": args.reps, "seconds": args.seconds, "commit": git_rev(),
                            "command": "./scripts/bench proxy", "medians": med, "ratios": ratios,
                            "ratios_of_medians": ratios_of_medians, "proxy_cpu_us_per_tx": proxy_cpu,
+                           "proxy_cpu_us_per_tx_by_kind": proxy_cpu_kinds,
                            "bpf_versus": versus, "exporter_cpu": exporter_cpu, "scrape_every_s": SCRAPE_EVERY,
                            "samples": raw},
                  table, plot)

@@ -23,6 +23,7 @@ import tempfile
 
 import pytest
 
+from bench.proxy_tuning import CANDIDATES
 from haproxy.render import STATS_ENV, GraphProxy, Process
 from haproxy.render import render as render_haproxy
 from pepctl.config import Graph, parse
@@ -121,6 +122,21 @@ def test_haproxy_accepts_rendered_config(mode, ports, splice, workdir, graph_nam
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"haproxy -c rejected the {mode}/{ports}/{splice} config:\n{out}\n{text}"
     assert "[WARNING]" not in out and "[ALERT]" not in out, f"haproxy -c warned:\n{out}\n{text}"
+
+
+@needs_haproxy
+@pytest.mark.parametrize("candidate", CANDIDATES)
+def test_bench_tuning_candidates_are_valid_haproxy(candidate, workdir, graph_namespaces):
+    """bench proxy-tuning changes the rendered config one setting at a time: each change must
+    change it, and HAProxy 2.6 must take the result without a warning (a candidate HAProxy
+    ignored would measure nothing)."""
+    text = render(gp(netns=graph_namespaces[0]), gp("graph_g2", netns=graph_namespaces[1], maxconn=10))
+    changed = CANDIDATES[candidate][1](text)
+    assert changed != text, f"candidate {candidate} left the config as it was"
+    proc = haproxy_check(changed, workdir)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "[WARNING]" not in out and "[ALERT]" not in out, \
+        f"haproxy -c on candidate {candidate}:\n{out}\n{changed}"
 
 
 @needs_haproxy

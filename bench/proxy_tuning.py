@@ -1,0 +1,170 @@
+"""bench proxy-tuning: what each candidate change to the proxy saves per new connection (issue 17).
+
+Where a proxied connection's time goes (bench proxy's breakdown, and perf): about 90% of HAProxy's
+CPU samples are in the kernel (two handshakes, the close of two sockets, each packet's way through
+veth and tc), 6% in HAProxy and libc. The candidates are therefore the per-connection work the
+proxy makes the kernel do, and how HAProxy spreads connections over its threads.
+
+Labs side by side, measured alternately REPS times: `routed` (the baseline of the proxy's own CPU
+share), `default` (the project as it is: bpf interception, splice both, TCP mode, port 80),
+`nginx-stream` (the proxy an operator might pick instead), and one lab per candidate: the default
+with one change made in the HAProxy configuration that pepctl rendered, loaded by the instance's
+supervisor (SIGHUP: the seamless reload). A candidate that pays moves into haproxy/render.py; the
+others stay here, so their figures can be measured again.
+
+For each: 1 KB transactions/s over new connections (wrk, `Connection: close`), the proxy's CPU per
+transaction (the machine's busy time over the run per transaction, less routed's, rep by rep) and
+how it splits into user, system and softirq time, TTFB of a new connection (p50, p99), and 10 MB
+objects over keep-alive. Ratios are to `default`, paired rep by rep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable
+from contextlib import ExitStack
+
+from pepctl import config as configmod
+from pepctl.names import instance_names
+from pepctl.reload import reload_haproxy
+
+from .common import git_rev, labs, median, paired_ratio, write_report
+from .proxy import CPU_KINDS, VARIANTS, add_measure_args, measure_alternately, ratio_bars
+
+
+def threads(n: int) -> Callable[[str], str]:
+    """n HAProxy threads, pinned to the first n CPUs pepctl chose."""
+    def change(cfg: str) -> str:
+        cfg = re.sub(r"(?m)^    nbthread \d+$", f"    nbthread {n}", cfg)
+        return re.sub(r"(?m)^    cpu-map 1/(\d+) \d+\n", lambda m: m.group(0) if int(m.group(1)) <= n else "", cfg)
+    return change
+
+
+def in_sections(kind: str, line: str) -> Callable[[str], str]:
+    """line added to every section of kind (frontend or backend), after its mode."""
+    def change(cfg: str) -> str:
+        return re.sub(rf"(?m)^({kind} \S+\n    mode \S+\n)", rf"\g<1>    {line}\n", cfg)
+    return change
+
+
+def in_global(line: str) -> Callable[[str], str]:
+    def change(cfg: str) -> str:
+        return cfg.replace("\nglobal\n", f"\nglobal\n    {line}\n", 1)
+    return change
+
+
+def without(line: str) -> Callable[[str], str]:
+    def change(cfg: str) -> str:
+        return cfg.replace(f"    {line}\n", "")
+    return change
+
+
+def replaced(old: str, new: str) -> Callable[[str], str]:
+    def change(cfg: str) -> str:
+        assert old in cfg, f"the rendered HAProxy config has no {old!r}"
+        return cfg.replace(old, new)
+    return change
+
+
+def listener_per_thread(cfg: str) -> str:
+    """Each bind line once per thread (`thread N`): a listening socket of each thread's own, in one
+    SO_REUSEPORT group, so no accepted connection is handed from one thread to another."""
+    n = int(re.search(r"(?m)^    nbthread (\d+)$", cfg).group(1))
+    return re.sub(r"(?m)^(    bind .*)$", lambda m: "\n".join(f"{m.group(1)} thread {t}" for t in range(1, n + 1)), cfg)
+
+
+# name: (what it changes, the change). Each is one HAProxy 2.6 setting (its manual says more).
+CANDIDATES: dict[str, tuple[str, Callable[[str], str]]] = {
+    "threads-1": ("one HAProxy thread (the default is one per CPU of the NIC's node)", threads(1)),
+    "no-multi-queue": ("`tune.listener.multi-queue off`: the thread that accepts a connection serves it",
+                       in_global("tune.listener.multi-queue off")),
+    "listener-per-thread": ("a listening socket per thread (SO_REUSEPORT)", listener_per_thread),
+    "smart-connect": ("backend `option tcp-smart-connect`: the handshake's last ACK goes with the request",
+                      in_sections("backend", "option tcp-smart-connect")),
+    "smart-accept": ("frontend `option tcp-smart-accept`: no quick ACK of the request",
+                     in_sections("frontend", "option tcp-smart-accept")),
+    "defer-accept": ("`defer-accept` on the binds (TCP_DEFER_ACCEPT): accept once data arrive",
+                     lambda cfg: re.sub(r"(?m)^(    bind .*)$", r"\g<1> defer-accept", cfg)),
+    "client-port": ("`usesrc client`: connect from the client's own port, no port search",
+                    replaced("usesrc clientip", "usesrc client")),
+    "splice-response": ("splice the response only", without("option splice-request")),
+    "no-splice": ("no splice (recv/send through HAProxy's buffers)",
+                  lambda cfg: without("option splice-response")(without("option splice-request")(cfg))),
+    "maxaccept-4": ("`tune.maxaccept 4`: fewer accepts per wake-up (default 64)",
+                    in_global("tune.maxaccept 4")),
+}
+
+
+def apply(lab, change: Callable[[str], str]) -> None:
+    """Change the lab's rendered HAProxy config and have the supervisor reload it."""
+    cfg = configmod.load(os.path.join(lab.run_dir, "pep.toml"))
+    n = instance_names(cfg)
+    with open(n.haproxy_cfg) as f:
+        text = f.read()
+    new = change(text)
+    assert new != text, f"{n.haproxy_cfg}: the change left the config as it was"
+    with open(n.haproxy_cfg, "w") as f:
+        f.write(new)
+    reload_haproxy(n)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="bench proxy-tuning", description=__doc__.splitlines()[0])
+    add_measure_args(ap, reps=5, ttfb_count=100)
+    ap.add_argument("--candidates", default=",".join(CANDIDATES), help="comma-separated subset")
+    args = ap.parse_args()
+    unknown = [c for c in args.candidates.split(",") if c not in CANDIDATES]
+    if unknown:
+        ap.error(f"--candidates: no candidate {', '.join(unknown)}; the candidates: {', '.join(CANDIDATES)}")
+    chosen = ["routed", "default", "nginx-stream", *args.candidates.split(",")]
+    options = {v: VARIANTS["bpf" if v in CANDIDATES or v == "default" else v] for v in chosen}
+    with ExitStack() as stack:
+        lab = labs(stack, options)
+        for v in chosen:
+            if v in CANDIDATES:
+                apply(lab[v], CANDIDATES[v][1])
+        raw = measure_alternately(lab, chosen, args)
+
+    def proxy_share(v: str, key: str) -> float:   # the variant's CPU less routed's, rep by rep
+        return median([a - b for a, b in zip(raw[v][key], raw["routed"][key], strict=True)])
+
+    proxied = chosen[1:]
+    med = {v: {k: median(x) for k, x in s.items() if k != "errors"} | {"errors": sum(s["errors"])}
+           for v, s in raw.items()}
+    own = {v: {k: proxy_share(v, f"{k}_us_per_tx") for k in ("cpu", *CPU_KINDS)} for v in proxied}
+    ratios = {v: {k: paired_ratio(raw[v][k], raw["default"][k]) for k in ("tps", "ttfb_p50_us", "ttfb_p99_us",
+                                                                          "gbps_10m")} for v in proxied}
+    for v in proxied:   # the proxy's own CPU against the default's, rep by rep
+        ratios[v]["proxy_cpu"] = median([(a - r) / (d - r) for a, d, r in zip(
+            raw[v]["cpu_us_per_tx"], raw["default"]["cpu_us_per_tx"], raw["routed"]["cpu_us_per_tx"], strict=True)])
+    table = [["variant", "1 KB tx/s", "ratio", "proxy's us/tx", "ratio", "user/sys/softirq", "TTFB p50 us", "ratio",
+              "TTFB p99 us", "ratio", "10 MB Gbit/s", "ratio", "errors"]]
+    table.append(["routed", f"{med['routed']['tps']:,.0f}", "", "-", "", "-", f"{med['routed']['ttfb_p50_us']:.0f}",
+                  "", f"{med['routed']['ttfb_p99_us']:.0f}", "", f"{med['routed']['gbps_10m']:.2f}", "",
+                  str(med["routed"]["errors"])])
+    for v in proxied:
+        m, r, o = med[v], ratios[v], own[v]
+        table.append([v, f"{m['tps']:,.0f}", f"{r['tps']:.2f}", f"{o['cpu']:.0f}", f"{r['proxy_cpu']:.2f}",
+                      "/".join(f"{o[k]:.0f}" for k in CPU_KINDS), f"{m['ttfb_p50_us']:.0f}", f"{r['ttfb_p50_us']:.2f}",
+                      f"{m['ttfb_p99_us']:.0f}", f"{r['ttfb_p99_us']:.2f}", f"{m['gbps_10m']:.2f}",
+                      f"{r['gbps_10m']:.2f}", str(m["errors"])])
+
+    def plot(plt):
+        panels = (("tps", "1 KB transactions/s"), ("proxy_cpu", "the proxy's CPU per transaction"),
+                  ("ttfb_p50_us", "TTFB p50"))
+        colors = ["#37a" if v == "default" else "#a73" if v == "nginx-stream" else "#888" for v in proxied]
+        return ratio_bars(plt, ratios, panels, "default", colors,
+                          f"Candidate changes to the proxy, one at a time (paired medians of {args.reps})")
+
+    write_report("proxy-tuning", {"reps": args.reps, "seconds": args.seconds, "commit": git_rev(),
+                                  "command": "./scripts/bench proxy-tuning",
+                                  "candidates": {c: CANDIDATES[c][0] for c in chosen if c in CANDIDATES},
+                                  "medians": med, "proxy_cpu_us_per_tx": own, "ratios_to_default": ratios,
+                                  "samples": raw}, table, plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
