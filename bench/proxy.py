@@ -15,6 +15,8 @@ proxied variant intercepts port 80 only, so the interception modes do the same w
   http-mode     bpf, HAProxy in HTTP mode
   nginx-stream  the proxy an operator might pick instead: nginx 1.22 `stream`, transparent both
                 ways, nft interception, the same congestion control per side (netns/nginx_stream.py)
+  bpf-1-thread, nginx-stream-1-worker   the two with one thread or worker each (the default: one
+                per CPU): on this machine the proxy shares its cores with the client and the origin
 For each: one-transaction-per-connection 1 KB HTTP (wrk, `Connection: close`: transactions/s),
 the machine's CPU time per such transaction (busy time of all CPUs from /proc/stat over the run,
 divided by its transactions: client and origin included, so the proxy's own cost is a
@@ -45,6 +47,8 @@ VARIANTS = {
     "splice-off": ["--splice", "off", *PORT80],
     "http-mode": ["--mode", "http", *PORT80],
     "nginx-stream": ["--proxy-engine", "nginx", *PORT80],
+    "bpf-1-thread": ["--threads", "1", *PORT80],
+    "nginx-stream-1-worker": ["--proxy-engine", "nginx", "--threads", "1", *PORT80],
 }
 WRK_LUA = os.path.join(os.path.dirname(__file__), "wrk_json.lua")
 URL = "http://198.19.0.10"

@@ -188,7 +188,8 @@ class Lab:
                                                                         self.pep_config)))
         steps.append(pepctl_up_step(ph, self.pep_config))
         if getattr(opts, "proxy_engine", "haproxy") == "nginx":
-            steps += nginx_stream.steps(text, self.pep_config, self.run_dir, workers=os.cpu_count() or 1)
+            workers = getattr(opts, "threads", 0) or os.cpu_count() or 1   # as many as HAProxy's threads
+            steps += nginx_stream.steps(text, self.pep_config, self.run_dir, workers=workers)
         return steps
 
     def plain_core_steps(self) -> list[Step]:
@@ -237,7 +238,7 @@ class Lab:
         proxy = not opts.no_proxy and getattr(opts, "proxy_engine", "haproxy") == "haproxy"
         text = template.substitute(rid=self.rid, run_dir=self.run_dir, proxy=str(proxy).lower(),
                                    interception=opts.interception, ports=ports, splice=opts.splice,
-                                   mode=opts.mode, experiment=experiment,
+                                   mode=opts.mode, experiment=experiment, threads=getattr(opts, "threads", 0),
                                    metrics_port=0 if getattr(opts, "no_metrics", False) else 9101)
         proxy = text[text.index("[graph.proxy]"):]
         return text + "".join(extra_graph(i, proxy) for i in range(2, getattr(opts, "graphs", 1) + 1))

@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="nginx: pepctl's proxy off, nginx stream intercepting port 80 with nft in the graph, "
                     "transparent both ways (netns/nginx_stream.py; bench proxy's nginx-stream)")
     up.add_argument("--mode", choices=("tcp", "http"), default="tcp")
+    up.add_argument("--threads", type=int, default=0, metavar="N",
+                    help="the proxy's threads (HAProxy) or workers (nginx); default 0: one per CPU")
     up.add_argument("--no-metrics", action="store_true", help="no metrics exporter (metrics_port = 0)")
     up.add_argument("--control-fraction", type=float, default=0.0, metavar="F",
                     help="the experiment: a share F of subscribers bypassed as the control group (default 0: off)")

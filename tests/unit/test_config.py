@@ -511,11 +511,12 @@ def test_lab_template_loads():
     with open(os.path.join(REPO, "netns", "lab.toml.in")) as f:
         text = f.read()
     for k, v in {"$rid": "t1a2b3c", "$run_dir": "/run/peplab/x", "$proxy": "true", "$interception": "nft",
-                 "$ports": '"all"', "$splice": "auto", "$mode": "tcp", "$metrics_port": "9101",
+                 "$ports": '"all"', "$splice": "auto", "$mode": "tcp", "$metrics_port": "9101", "$threads": "1",
                  "$experiment": "[graph.experiment]\ncontrol_fraction = 0.2"}.items():
         text = text.replace(k, v)
     cfg = parse(text, "lab.toml", available_cc=CC)
     assert cfg.host.instance == "plt1a2b3c"
+    assert cfg.host.threads == 1
     assert cfg.graphs[0].experiment.control_fraction == 0.2
 
 
