@@ -126,6 +126,12 @@ def measure(lab, name: str, rep: str, seconds: float, ttfb_count: int) -> dict:
             "gbps_10m": g["gbps"]}
 
 
+def proxy_share(raw: dict[str, dict[str, list]], variant: str, key: str) -> float:
+    """The proxy's own CPU per transaction (key: a *_us_per_tx figure): the variant's machine-wide
+    figure less routed's, rep by rep, and the median of those."""
+    return median([a - b for a, b in zip(raw[variant][key], raw["routed"][key], strict=True)])
+
+
 def ratio_bars(plt, ratios: dict[str, dict[str, float]], panels, baseline: str, colors: list[str], title: str):
     """One bar chart per (key, title) in panels: every variant's ratio to baseline."""
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4))
@@ -183,13 +189,9 @@ def main() -> int:
     keys = ("tps", "cpu_us_per_tx", "ttfb_p50_us", "ttfb_p99_us", "gbps_10m")
     ratios = {v: {k: paired_ratio(raw[v][k], raw["routed"][k]) for k in keys} for v in chosen}
     ratios_of_medians = {v: {k: m[k] / base[k] for k in keys} for v, m in med.items()}
-    # The proxy's own CPU per transaction: the variant's machine-wide figure minus routed's, rep by rep.
-    def proxy_share(v: str, key: str) -> float:
-        return median([a - b for a, b in zip(raw[v][key], raw["routed"][key], strict=True)])
-
-    proxy_cpu = {v: proxy_share(v, "cpu_us_per_tx") for v in chosen}
+    proxy_cpu = {v: proxy_share(raw, v, "cpu_us_per_tx") for v in chosen}
     # Where the proxy's time goes: its share of user, system and softirq time per transaction.
-    proxy_cpu_kinds = {v: {k: proxy_share(v, f"{k}_us_per_tx") for k in CPU_KINDS} for v in chosen}
+    proxy_cpu_kinds = {v: {k: proxy_share(raw, v, f"{k}_us_per_tx") for k in CPU_KINDS} for v in chosen}
     # bpf against the other interception modes, paired rep by rep (the acceptance of issue 11).
     versus = {f"bpf/{v}": paired_ratio(raw["bpf"]["tps"], raw[v]["tps"]) for v in ("nft", "route", "no-metrics")
               if "bpf" in raw and v in raw}

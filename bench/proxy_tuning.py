@@ -8,9 +8,10 @@ proxy makes the kernel do, and how HAProxy spreads connections over its threads.
 Labs side by side, measured alternately REPS times: `routed` (the baseline of the proxy's own CPU
 share), `default` (the project as it is: bpf interception, splice both, TCP mode, port 80),
 `nginx-stream` (the proxy an operator might pick instead), and one lab per candidate: the default
-with one change made in the HAProxy configuration that pepctl rendered, loaded by the instance's
-supervisor (SIGHUP: the seamless reload). A candidate that pays moves into haproxy/render.py; the
-others stay here, so their figures can be measured again.
+with one change: a setting pepctl already has, through the lab's options (threads), or else one
+change made in the HAProxy configuration that pepctl rendered, loaded by the instance's supervisor
+(SIGHUP: the seamless reload). A candidate that pays moves into haproxy/render.py; the others stay
+here, so their figures can be measured again.
 
 For each: 1 KB transactions/s over new connections (wrk, `Connection: close`), the proxy's CPU per
 transaction (the machine's busy time over the run per transaction, less routed's, rep by rep) and
@@ -31,15 +32,7 @@ from pepctl.names import instance_names
 from pepctl.reload import reload_haproxy
 
 from .common import git_rev, labs, median, paired_ratio, write_report
-from .proxy import CPU_KINDS, VARIANTS, add_measure_args, measure_alternately, ratio_bars
-
-
-def threads(n: int) -> Callable[[str], str]:
-    """n HAProxy threads, pinned to the first n CPUs pepctl chose."""
-    def change(cfg: str) -> str:
-        cfg = re.sub(r"(?m)^    nbthread \d+$", f"    nbthread {n}", cfg)
-        return re.sub(r"(?m)^    cpu-map 1/(\d+) \d+\n", lambda m: m.group(0) if int(m.group(1)) <= n else "", cfg)
-    return change
+from .proxy import CPU_KINDS, VARIANTS, add_measure_args, measure_alternately, proxy_share, ratio_bars
 
 
 def in_sections(kind: str, line: str) -> Callable[[str], str]:
@@ -63,7 +56,8 @@ def without(line: str) -> Callable[[str], str]:
 
 def replaced(old: str, new: str) -> Callable[[str], str]:
     def change(cfg: str) -> str:
-        assert old in cfg, f"the rendered HAProxy config has no {old!r}"
+        if old not in cfg:
+            raise RuntimeError(f"the rendered HAProxy config has no {old!r}")
         return cfg.replace(old, new)
     return change
 
@@ -75,9 +69,9 @@ def listener_per_thread(cfg: str) -> str:
     return re.sub(r"(?m)^(    bind .*)$", lambda m: "\n".join(f"{m.group(1)} thread {t}" for t in range(1, n + 1)), cfg)
 
 
-# name: (what it changes, the change). Each is one HAProxy 2.6 setting (its manual says more).
+# name: (what it changes, the change to the rendered config). Each is one HAProxy 2.6 setting (its
+# manual says more).
 CANDIDATES: dict[str, tuple[str, Callable[[str], str]]] = {
-    "threads-1": ("one HAProxy thread (the default is one per CPU of the NIC's node)", threads(1)),
     "no-multi-queue": ("`tune.listener.multi-queue off`: the thread that accepts a connection serves it",
                        in_global("tune.listener.multi-queue off")),
     "listener-per-thread": ("a listening socket per thread (SO_REUSEPORT)", listener_per_thread),
@@ -97,6 +91,13 @@ CANDIDATES: dict[str, tuple[str, Callable[[str], str]]] = {
 }
 
 
+# name: (what it changes, the bench proxy variant that makes it: a setting pepctl has).
+LAB_CANDIDATES = {
+    "threads-1": ("one HAProxy thread (`[host] threads = 1`; the default is one per CPU of the NIC's node)",
+                  "bpf-1-thread"),
+}
+
+
 def apply(lab, change: Callable[[str], str]) -> None:
     """Change the lab's rendered HAProxy config and have the supervisor reload it."""
     cfg = configmod.load(os.path.join(lab.run_dir, "pep.toml"))
@@ -104,7 +105,8 @@ def apply(lab, change: Callable[[str], str]) -> None:
     with open(n.haproxy_cfg) as f:
         text = f.read()
     new = change(text)
-    assert new != text, f"{n.haproxy_cfg}: the change left the config as it was"
+    if new == text:
+        raise RuntimeError(f"{n.haproxy_cfg}: the candidate's change left the config as it was")
     with open(n.haproxy_cfg, "w") as f:
         f.write(new)
     reload_haproxy(n)
@@ -113,13 +115,15 @@ def apply(lab, change: Callable[[str], str]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(prog="bench proxy-tuning", description=__doc__.splitlines()[0])
     add_measure_args(ap, reps=5, ttfb_count=100)
-    ap.add_argument("--candidates", default=",".join(CANDIDATES), help="comma-separated subset")
+    known = [*LAB_CANDIDATES, *CANDIDATES]
+    ap.add_argument("--candidates", default=",".join(known), help="comma-separated subset")
     args = ap.parse_args()
-    unknown = [c for c in args.candidates.split(",") if c not in CANDIDATES]
+    unknown = [c for c in args.candidates.split(",") if c not in known]
     if unknown:
-        ap.error(f"--candidates: no candidate {', '.join(unknown)}; the candidates: {', '.join(CANDIDATES)}")
+        ap.error(f"--candidates: no candidate {', '.join(unknown)}; the candidates: {', '.join(known)}")
     chosen = ["routed", "default", "nginx-stream", *args.candidates.split(",")]
-    options = {v: VARIANTS["bpf" if v in CANDIDATES or v == "default" else v] for v in chosen}
+    variant = {"default": "bpf"} | {c: "bpf" for c in CANDIDATES} | {c: v for c, (_, v) in LAB_CANDIDATES.items()}
+    options = {v: VARIANTS[variant.get(v, v)] for v in chosen}
     with ExitStack() as stack:
         lab = labs(stack, options)
         for v in chosen:
@@ -127,13 +131,10 @@ def main() -> int:
                 apply(lab[v], CANDIDATES[v][1])
         raw = measure_alternately(lab, chosen, args)
 
-    def proxy_share(v: str, key: str) -> float:   # the variant's CPU less routed's, rep by rep
-        return median([a - b for a, b in zip(raw[v][key], raw["routed"][key], strict=True)])
-
     proxied = chosen[1:]
     med = {v: {k: median(x) for k, x in s.items() if k != "errors"} | {"errors": sum(s["errors"])}
            for v, s in raw.items()}
-    own = {v: {k: proxy_share(v, f"{k}_us_per_tx") for k in ("cpu", *CPU_KINDS)} for v in proxied}
+    own = {v: {k: proxy_share(raw, v, f"{k}_us_per_tx") for k in ("cpu", *CPU_KINDS)} for v in proxied}
     ratios = {v: {k: paired_ratio(raw[v][k], raw["default"][k]) for k in ("tps", "ttfb_p50_us", "ttfb_p99_us",
                                                                           "gbps_10m")} for v in proxied}
     for v in proxied:   # the proxy's own CPU against the default's, rep by rep
@@ -160,7 +161,8 @@ def main() -> int:
 
     write_report("proxy-tuning", {"reps": args.reps, "seconds": args.seconds, "commit": git_rev(),
                                   "command": "./scripts/bench proxy-tuning",
-                                  "candidates": {c: CANDIDATES[c][0] for c in chosen if c in CANDIDATES},
+                                  "candidates": {c: (CANDIDATES | LAB_CANDIDATES)[c][0] for c in chosen
+                                                 if c in known},
                                   "medians": med, "proxy_cpu_us_per_tx": own, "ratios_to_default": ratios,
                                   "samples": raw}, table, plot)
     return 0
