@@ -17,6 +17,10 @@ proxied variant intercepts port 80 only, so the interception modes do the same w
                 ways, nft interception, the same congestion control per side (netns/nginx_stream.py)
   bpf-1-thread, nginx-stream-1-worker   the two with one thread or worker each (the default: one
                 per CPU): on this machine the proxy shares its cores with the client and the origin
+  endpoints     no network and no proxy: wrk in the origin's namespace against the origin itself
+                (loopback), so the two TCP endpoints alone, the same programs as in every lab. A
+                split-TCP proxy is a server to the client and a client to the origin: this is the
+                scale of its own cost (1 KB transactions and CPU only)
 For each: one-transaction-per-connection 1 KB HTTP (wrk, `Connection: close`: transactions/s),
 the machine's CPU time per such transaction (busy time of all CPUs from /proc/stat over the run,
 divided by its transactions: client and origin included, so the proxy's own cost is a
@@ -49,18 +53,20 @@ VARIANTS = {
     "nginx-stream": ["--proxy-engine", "nginx", *PORT80],
     "bpf-1-thread": ["--threads", "1", *PORT80],
     "nginx-stream-1-worker": ["--proxy-engine", "nginx", "--threads", "1", *PORT80],
+    "endpoints": ["--no-proxy"],
 }
+ENDPOINTS = "endpoints"   # measured from the origin's own namespace, 1 KB transactions only
 WRK_LUA = os.path.join(os.path.dirname(__file__), "wrk_json.lua")
 URL = "http://198.19.0.10"
 METRICS = "http://127.0.0.1:9101/metrics"
 SCRAPE_EVERY = 5.0   # s; Prometheus is commonly set to 15 s or 1 min: this is harsher
 
 
-def wrk(lab, path: str, seconds: float, conns: int, close: bool) -> dict:
+def wrk(lab, path: str, seconds: float, conns: int, close: bool, node: str = "client") -> dict:
     args = ["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "-s", WRK_LUA]
     if close:
         args += ["-H", "Connection: close"]
-    out = lab.run("client", *args, f"{URL}{path}", timeout=seconds + 30).stdout
+    out = lab.run(node, *args, f"{URL}{path}", timeout=seconds + 30).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -88,9 +94,9 @@ def cpu_busy_seconds() -> float:
     return cpu_seconds()["busy"]
 
 
-def transactions_1k(lab, seconds: float) -> dict:
+def transactions_1k(lab, seconds: float, node: str = "client") -> dict:
     before = cpu_seconds()
-    r = wrk(lab, "/1k", seconds, 16, close=True)
+    r = wrk(lab, "/1k", seconds, 16, close=True, node=node)
     after = cpu_seconds()
     per_tx = {k: (after[k] - before[k]) / max(r["requests"], 1) * 1e6 for k in after}
     return {"tps": r["requests"] / (r["duration_us"] / 1e6), "errors": r["errors"] + r["status_errors"],
@@ -116,7 +122,13 @@ SAMPLE_KEYS = ("tps", "errors", "cpu_us_per_tx", *(f"{k}_us_per_tx" for k in CPU
 
 
 def measure(lab, name: str, rep: str, seconds: float, ttfb_count: int) -> dict:
-    """One sample of every figure (SAMPLE_KEYS) on one lab, printed as a line."""
+    """One sample of every figure (SAMPLE_KEYS; ENDPOINTS: its 1 KB transactions only) on one lab,
+    printed as a line."""
+    if name == ENDPOINTS:
+        t = transactions_1k(lab, seconds, node="origin")
+        print(f"rep {rep} {name:<20} {t['tps']:9,.0f} tx/s  {t['cpu_us_per_tx']:5.0f} us CPU/tx  "
+              "(loopback in the origin)", flush=True)
+        return t
     t = transactions_1k(lab, seconds)
     f = ttfb(lab, ttfb_count)
     g = large_gbps(lab, seconds)
@@ -133,15 +145,43 @@ def proxy_share(raw: dict[str, dict[str, list]], variant: str, key: str) -> floa
 
 
 def ratio_bars(plt, ratios: dict[str, dict[str, float]], panels, baseline: str, colors: list[str], title: str):
-    """One bar chart per (key, title) in panels: every variant's ratio to baseline."""
+    """One bar chart per (key, title) in panels: the ratio to baseline of every variant that has it."""
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4))
     for ax, (key, panel) in zip(axes, panels, strict=True):
-        ax.bar(list(ratios), [r[key] for r in ratios.values()], color=colors)
+        bars = [(v, r[key], c) for (v, r), c in zip(ratios.items(), colors, strict=True) if key in r]
+        ax.bar([b[0] for b in bars], [b[1] for b in bars], color=[b[2] for b in bars])
         ax.axhline(1.0, color="k", lw=0.6)
         ax.set_title(f"{panel} (ratio to {baseline})")
         ax.tick_params(axis="x", rotation=50)
     fig.suptitle(title)
     return fig
+
+
+def endpoints_floor(med: dict[str, dict], proxy_cpu: dict[str, float]) -> dict | None:
+    """The proxies' own CPU per transaction against two bare TCP endpoints' (ENDPOINTS), and, with
+    nginx stream in the run, the largest share that gives 1.3 times its transactions/s (issue 17):
+    client, origin and proxy share the cores, so transactions/s goes as 1 / the machine's CPU per
+    transaction, routed's plus the proxy's share."""
+    if ENDPOINTS not in med:
+        return None
+    e = med[ENDPOINTS]["cpu_us_per_tx"]
+    out = {"endpoints_us_per_tx": e, "endpoints_by_kind": {k: med[ENDPOINTS][f"{k}_us_per_tx"] for k in CPU_KINDS},
+           "share_over_endpoints": {v: x / e for v, x in proxy_cpu.items()}}
+    if "nginx-stream" in med:
+        out["share_for_1.3x_nginx_us"] = med["nginx-stream"]["cpu_us_per_tx"] / 1.3 - med["routed"]["cpu_us_per_tx"]
+    return out
+
+
+def versus_nginx(raw: dict[str, dict[str, list]]) -> dict[str, float] | None:
+    """The project's default (bpf) over nginx stream, rep by rep: every figure issue 17 judges, the
+    proxy's own CPU share included."""
+    if not {"bpf", "nginx-stream"} <= raw.keys():
+        return None
+    out = {k: paired_ratio(raw["bpf"][k], raw["nginx-stream"][k])
+           for k in ("tps", "ttfb_p50_us", "ttfb_p99_us", "gbps_10m")}
+    own = {v: [a - r for a, r in zip(raw[v]["cpu_us_per_tx"], raw["routed"]["cpu_us_per_tx"], strict=True)]
+           for v in ("bpf", "nginx-stream")}
+    return out | {"proxy_cpu_us_per_tx": paired_ratio(own["bpf"], own["nginx-stream"])}
 
 
 def add_measure_args(ap: argparse.ArgumentParser, reps: int, ttfb_count: int) -> None:
@@ -157,7 +197,8 @@ def measure_alternately(lab: dict, chosen: list[str], args: argparse.Namespace) 
         for v in chosen if rep % 2 == 0 else chosen[::-1]:
             sample = measure(lab[v], v, f"{rep + 1}/{args.reps}", args.seconds, args.ttfb_count)
             for k in SAMPLE_KEYS:
-                raw[v][k].append(sample[k])
+                if k in sample:
+                    raw[v][k].append(sample[k])
     return raw
 
 
@@ -182,29 +223,35 @@ def main() -> int:
             used = exporter_cpu_seconds(lab["bpf"]) - exporter_cpu[0]
             exporter_cpu = {"cpu_s": used, "wall_s": time.monotonic() - exporter_cpu[1],
                             "share_of_a_core": used / (time.monotonic() - exporter_cpu[1])}
-    med = {v: {k: median(x) for k, x in s.items() if k != "errors"} | {"errors": sum(s["errors"])}
+    med = {v: {k: median(x) for k, x in s.items() if x and k != "errors"} | {"errors": sum(s["errors"])}
            for v, s in raw.items()}
     base = med["routed"]
     # Every rep measures every variant: a variant's ratio is the median of its ratios to routed rep by rep.
     keys = ("tps", "cpu_us_per_tx", "ttfb_p50_us", "ttfb_p99_us", "gbps_10m")
-    ratios = {v: {k: paired_ratio(raw[v][k], raw["routed"][k]) for k in keys} for v in chosen}
-    ratios_of_medians = {v: {k: m[k] / base[k] for k in keys} for v, m in med.items()}
-    proxy_cpu = {v: proxy_share(raw, v, "cpu_us_per_tx") for v in chosen}
+    ratios = {v: {k: paired_ratio(raw[v][k], raw["routed"][k]) for k in keys if raw[v][k]} for v in chosen}
+    ratios_of_medians = {v: {k: m[k] / base[k] for k in keys if k in m} for v, m in med.items()}
+    proxies = [v for v in chosen if v not in ("routed", ENDPOINTS)]
+    proxy_cpu = {v: proxy_share(raw, v, "cpu_us_per_tx") for v in proxies}
     # Where the proxy's time goes: its share of user, system and softirq time per transaction.
-    proxy_cpu_kinds = {v: {k: proxy_share(raw, v, f"{k}_us_per_tx") for k in CPU_KINDS} for v in chosen}
+    proxy_cpu_kinds = {v: {k: proxy_share(raw, v, f"{k}_us_per_tx") for k in CPU_KINDS} for v in proxies}
+    floor = endpoints_floor(med, proxy_cpu)
+    against_nginx = versus_nginx(raw)
     # bpf against the other interception modes, paired rep by rep (the acceptance of issue 11).
     versus = {f"bpf/{v}": paired_ratio(raw["bpf"]["tps"], raw[v]["tps"]) for v in ("nft", "route", "no-metrics")
               if "bpf" in raw and v in raw}
     table = [["variant", "1 KB tx/s", "ratio", "CPU us/tx", "proxy's us/tx", "its user/sys/softirq", "TTFB p50 us",
               "ratio", "TTFB p99 us", "ratio", "10 MB Gbit/s", "ratio", "errors"]]   # ratios paired; medians
+    def cell(d: dict, key: str, spec: str) -> str:
+        return format(d[key], spec) if key in d else "-"
+
     for v in chosen:
         m, r = med[v], ratios[v]
         table.append([v, f"{m['tps']:,.0f}", f"{r['tps']:.2f}", f"{m['cpu_us_per_tx']:.0f}",
-                      "-" if v == "routed" else f"{proxy_cpu[v]:.0f}",
-                      "-" if v == "routed" else "/".join(f"{proxy_cpu_kinds[v][k]:.0f}" for k in CPU_KINDS),
-                      f"{m['ttfb_p50_us']:.0f}", f"{r['ttfb_p50_us']:.2f}",
-                      f"{m['ttfb_p99_us']:.0f}", f"{r['ttfb_p99_us']:.2f}", f"{m['gbps_10m']:.2f}",
-                      f"{r['gbps_10m']:.2f}", str(m["errors"])])
+                      cell(proxy_cpu, v, ".0f"),
+                      "/".join(f"{proxy_cpu_kinds[v][k]:.0f}" for k in CPU_KINDS) if v in proxies else "-",
+                      cell(m, "ttfb_p50_us", ".0f"), cell(r, "ttfb_p50_us", ".2f"),
+                      cell(m, "ttfb_p99_us", ".0f"), cell(r, "ttfb_p99_us", ".2f"), cell(m, "gbps_10m", ".2f"),
+                      cell(r, "gbps_10m", ".2f"), str(m["errors"])])
 
     def plot(plt):
         panels = (("tps", "1 KB transactions/s"), ("cpu_us_per_tx", "CPU time per transaction"),
@@ -216,11 +263,23 @@ def main() -> int:
                            "command": "./scripts/bench proxy", "medians": med, "ratios": ratios,
                            "ratios_of_medians": ratios_of_medians, "proxy_cpu_us_per_tx": proxy_cpu,
                            "proxy_cpu_us_per_tx_by_kind": proxy_cpu_kinds,
-                           "bpf_versus": versus, "exporter_cpu": exporter_cpu, "scrape_every_s": SCRAPE_EVERY,
+                           "bpf_versus": versus, "bpf_over_nginx_stream": against_nginx, "endpoints_floor": floor,
+                           "exporter_cpu": exporter_cpu, "scrape_every_s": SCRAPE_EVERY,
                            "samples": raw},
                  table, plot)
     for name, ratio in versus.items():
         print(f"{name} transactions/s (paired): {ratio:.2f}")
+    if against_nginx:
+        print("bpf over nginx-stream, paired (issue 17 asks tx/s >= 1.3, TTFB < 1, 10 MB >= 2): "
+              + ", ".join(f"{k} {x:.2f}" for k, x in against_nginx.items()))
+    if floor:
+        e = floor["endpoints_us_per_tx"]
+        print(f"two TCP endpoints alone (wrk and the origin's nginx over loopback): {e:.0f} us CPU/tx; each proxy's "
+              f"own share over it: " + ", ".join(f"{v} {x:.2f}" for v, x in floor["share_over_endpoints"].items()))
+        if "share_for_1.3x_nginx_us" in floor:
+            need = floor["share_for_1.3x_nginx_us"]
+            print(f"1.3x nginx-stream's transactions/s on these cores takes a proxy share of at most {need:.0f} us/tx: "
+                  f"{need / e:.2f} of the two endpoints")
     if exporter_cpu:
         print(f"the metrics exporter (scraped every {SCRAPE_EVERY:g} s) used {exporter_cpu['cpu_s']:.2f} s of CPU in "
               f"{exporter_cpu['wall_s']:.0f} s: {exporter_cpu['share_of_a_core']:.2%} of a core")

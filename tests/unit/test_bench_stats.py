@@ -1,10 +1,11 @@
-"""The statistics every benchmark reports its ratios with (bench/common.py)."""
+"""The statistics every benchmark reports its ratios with (bench/common.py), and bench proxy's floor."""
 
 from __future__ import annotations
 
 import pytest
 
 from bench.common import median, paired_ratio
+from bench.proxy import endpoints_floor, versus_nginx
 
 
 def test_paired_ratio_keeps_pairs_measured_together():
@@ -25,3 +26,32 @@ def test_paired_ratio_is_the_median_of_the_pairs():
 def test_paired_ratio_needs_pairs(a, b):
     with pytest.raises(ValueError, match="as many samples"):
         paired_ratio(a, b)
+
+
+def test_endpoints_floor_and_the_share_that_beats_nginx():
+    # Cores shared by client, origin and proxy: tx/s goes as 1 / the machine's CPU per transaction.
+    kinds = {"user_us_per_tx": 10.0, "system_us_per_tx": 50.0, "softirq_us_per_tx": 20.0}
+    med = {"routed": {"cpu_us_per_tx": 100.0}, "nginx-stream": {"cpu_us_per_tx": 195.0},
+           "endpoints": {"cpu_us_per_tx": 80.0, **kinds}}
+    floor = endpoints_floor(med, {"bpf": 100.0, "nginx-stream": 95.0})
+    assert floor["endpoints_us_per_tx"] == 80.0
+    assert floor["endpoints_by_kind"] == {"user": 10.0, "system": 50.0, "softirq": 20.0}
+    assert floor["share_over_endpoints"] == {"bpf": pytest.approx(1.25), "nginx-stream": pytest.approx(95 / 80)}
+    # 195 / 1.3 = 150 us for the whole machine, of which routed's 100 leave 50 to the proxy.
+    assert floor["share_for_1.3x_nginx_us"] == pytest.approx(50.0)
+    assert endpoints_floor({"routed": {"cpu_us_per_tx": 100.0}}, {}) is None
+
+
+def test_versus_nginx_pairs_each_rep_and_the_proxies_own_share():
+    raw = {"routed": {"cpu_us_per_tx": [100.0, 200.0]},
+           "bpf": {"tps": [130.0, 65.0], "ttfb_p50_us": [90.0, 45.0], "ttfb_p99_us": [1.0, 1.0],
+                   "gbps_10m": [4.0, 2.0], "cpu_us_per_tx": [150.0, 300.0]},
+           "nginx-stream": {"tps": [100.0, 50.0], "ttfb_p50_us": [100.0, 50.0], "ttfb_p99_us": [1.0, 1.0],
+                            "gbps_10m": [2.0, 1.0], "cpu_us_per_tx": [200.0, 400.0]}}
+    got = versus_nginx(raw)
+    # The machine ran at half speed in rep 2: the pairs still agree.
+    assert got["tps"] == pytest.approx(1.3) and got["gbps_10m"] == pytest.approx(2.0)
+    assert got["ttfb_p50_us"] == pytest.approx(0.9)
+    # Own shares: 50 against 100 in rep 1, 100 against 200 in rep 2.
+    assert got["proxy_cpu_us_per_tx"] == pytest.approx(0.5)
+    assert versus_nginx({"routed": {}, "bpf": {}}) is None
