@@ -14,7 +14,10 @@ proxied variant intercepts port 80 only, so the interception modes do the same w
   splice-off    bpf, no splice
   http-mode     bpf, HAProxy in HTTP mode
   nginx-stream  the proxy an operator might pick instead: nginx 1.22 `stream`, transparent both
-                ways, nft interception, the same congestion control per side (netns/nginx_stream.py)
+                ways, nft interception, the same congestion control per side (netns/engines.py)
+  minrelay      the least a transparent split-TCP proxy does (minrelay/minrelay.c: accept, connect
+                from the client's address, copy both ways, pass half-closes on), set up as
+                nginx-stream: what HAProxy costs above it, a leaner proxy could save
   bpf-1-thread, nginx-stream-1-worker   the two with one thread or worker each (the default: one
                 per CPU): on this machine the proxy shares its cores with the client and the origin
   endpoints     no network and no proxy: wrk in the origin's namespace against the origin itself
@@ -51,6 +54,7 @@ VARIANTS = {
     "splice-off": ["--splice", "off", *PORT80],
     "http-mode": ["--mode", "http", *PORT80],
     "nginx-stream": ["--proxy-engine", "nginx", *PORT80],
+    "minrelay": ["--proxy-engine", "minrelay", *PORT80],
     "bpf-1-thread": ["--threads", "1", *PORT80],
     "nginx-stream-1-worker": ["--proxy-engine", "nginx", "--threads", "1", *PORT80],
     "endpoints": ["--no-proxy"],

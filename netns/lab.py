@@ -34,7 +34,7 @@ from pepctl.names import in_netns
 from pepctl.plan import mkdir_step, port_attach_batch, steer_ports_step, steering_load_steps, trunk_attach_step
 from pepctl.runner import Call, Journal, Step, daemon_step
 
-from . import nginx_stream
+from . import engines
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATE_DIR = "/run/peplab"
@@ -187,9 +187,10 @@ class Lab:
         steps.append(Step("write the proxy host's pepctl config", Call("write", (self.pep_config, text),
                                                                         self.pep_config)))
         steps.append(pepctl_up_step(ph, self.pep_config))
-        if getattr(opts, "proxy_engine", "haproxy") == "nginx":
+        engine = getattr(opts, "proxy_engine", "haproxy")
+        if engine in engines.ENGINES:
             workers = getattr(opts, "threads", 0) or os.cpu_count() or 1   # as many as HAProxy's threads
-            steps += nginx_stream.steps(text, self.pep_config, self.run_dir, workers=workers)
+            steps += engines.steps(engine, text, self.pep_config, self.run_dir, workers=workers)
         return steps
 
     def plain_core_steps(self) -> list[Step]:
@@ -234,7 +235,7 @@ class Lab:
             [int(p) if p.isdigit() else p for p in opts.ports.split(",")])
         fraction = getattr(opts, "control_fraction", 0.0)
         experiment = f"\n[graph.experiment]\ncontrol_fraction = {fraction}\n" if fraction else ""
-        # With nginx as the proxy, pepctl's stays off: the graph routes, nginx intercepts.
+        # With another engine as the proxy, pepctl's stays off: the graph routes, the engine intercepts.
         proxy = not opts.no_proxy and getattr(opts, "proxy_engine", "haproxy") == "haproxy"
         text = template.substitute(rid=self.rid, run_dir=self.run_dir, proxy=str(proxy).lower(),
                                    interception=opts.interception, ports=ports, splice=opts.splice,

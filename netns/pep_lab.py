@@ -8,6 +8,7 @@ import os
 import sys
 
 from .cluster import HOSTS_MAX, ClusterLab
+from .engines import ENGINES
 from .lab import MAX_GRAPHS, Lab, lab_name
 
 
@@ -26,9 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--ports", default="all", help='intercepted TCP ports: "all" or a list like 80,443,8000-8080 '
                     '(route interception needs a list; it gets 80 when given "all")')
     up.add_argument("--splice", choices=("both", "auto", "off"), default="both")
-    up.add_argument("--proxy-engine", choices=("haproxy", "nginx"), default="haproxy",
-                    help="nginx: pepctl's proxy off, nginx stream intercepting port 80 with nft in the graph, "
-                    "transparent both ways (netns/nginx_stream.py; bench proxy's nginx-stream)")
+    up.add_argument("--proxy-engine", choices=("haproxy", *ENGINES), default="haproxy",
+                    help="nginx or minrelay: pepctl's proxy off, that proxy intercepting port 80 with nft in the "
+                    "graph, transparent both ways (netns/engines.py; bench proxy's nginx-stream and minrelay)")
     up.add_argument("--mode", choices=("tcp", "http"), default="tcp")
     up.add_argument("--threads", type=int, default=0, metavar="N",
                     help="the proxy's threads (HAProxy) or workers (nginx); default 0: one per CPU")
@@ -61,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "up" and args.hosts and args.interception == "bpf":
         ap.error("--hosts with --interception bpf: FRR's bfdd in the graph's namespace breaks bpf interception "
                  "(README, \"Several proxy hosts\"); use nft or route")
-    if args.command == "up" and args.proxy_engine == "nginx" and (args.hosts or args.plain or args.no_proxy):
-        ap.error("--proxy-engine nginx is the one-host lab's proxy: not with --hosts, --plain or --no-proxy")
+    if args.command == "up" and args.proxy_engine != "haproxy" and (args.hosts or args.plain or args.no_proxy):
+        ap.error(f"--proxy-engine {args.proxy_engine} is the one-host lab's proxy: not with --hosts, --plain or "
+                 "--no-proxy")
     if args.command == "up" and not args.interception:
         args.interception = "nft" if args.hosts else "bpf"
     if os.geteuid() != 0:
