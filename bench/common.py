@@ -99,5 +99,6 @@ def print_table(rows: list[list[str]]) -> None:
 
 
 def git_rev() -> str:
-    return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
+    """The commit measured, with -dirty when the tree had changes not yet committed."""
+    return subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty"], capture_output=True,
                           text=True).stdout.strip()

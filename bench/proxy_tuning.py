@@ -11,7 +11,8 @@ share), `default` (the project as it is: bpf interception, splice both, TCP mode
 with one change: a setting pepctl already has, through the lab's options (threads), or else one
 change made in the HAProxy configuration that pepctl rendered, loaded by the instance's supervisor
 (SIGHUP: the seamless reload). A candidate that pays moves into haproxy/render.py; the others stay
-here, so their figures can be measured again.
+here, so their figures can be measured again. One yardstick runs as a candidate: `minrelay-bpf`,
+HAProxy's place taken by minrelay, the least a transparent proxy does, behind the same datapath.
 
 For each: 1 KB transactions/s over new connections (wrk, `Connection: close`), the proxy's CPU per
 transaction (the machine's busy time over the run per transaction, less routed's, rep by rep) and
@@ -27,6 +28,8 @@ import re
 from collections.abc import Callable
 from contextlib import ExitStack
 
+from netns.engines import LISTEN_PORT, MINRELAY
+from netns.handle import wait_until
 from pepctl import config as configmod
 from pepctl.names import instance_names
 from pepctl.reload import reload_haproxy
@@ -101,6 +104,31 @@ LAB_CANDIDATES = {
 }
 
 
+def minrelay_behind_bpf(lab, stack: ExitStack) -> None:
+    """HAProxy's place taken by minrelay (minrelay/minrelay.c), the least a transparent proxy does,
+    behind the project's own datapath: HAProxy's listener moves to another port (a reload) and
+    minrelay listens on the one the tc program hands new flows to. What is left of the proxy's
+    share is the interception's and the kernel's; what goes is HAProxy's own."""
+    ports = ("0.0.0.0:50080 ", "[::]:50080 ")
+    apply(lab, lambda cfg: replaced(ports[1], "[::]:50081 ")(replaced(ports[0], "0.0.0.0:50081 ")(cfg)))
+
+    def listening() -> str:
+        return lab.run("pep", "ss", "-Htlnp", "sport", "=", f":{LISTEN_PORT}").stdout
+
+    wait_until(lambda: listening() == "", timeout=10, what=f"HAProxy off port {LISTEN_PORT} after the reload")
+    relay = lab.popen("pep", MINRELAY, str(LISTEN_PORT), str(os.cpu_count() or 1))
+    stack.callback(relay.wait, timeout=10)
+    stack.callback(relay.terminate)   # its recorded PID; its workers die with it (PR_SET_PDEATHSIG)
+    wait_until(lambda: "minrelay" in listening(), timeout=10, what=f"minrelay listening on {LISTEN_PORT}")
+
+
+# name: (what it is, how the lab is changed after it is up).
+ENGINE_CANDIDATES = {
+    "minrelay-bpf": ("HAProxy replaced by minrelay, the least a transparent proxy does, behind the same tc "
+                     "interception (a yardstick, not a candidate for the product)", minrelay_behind_bpf),
+}
+
+
 def apply(lab, change: Callable[[str], str]) -> None:
     """Change the lab's rendered HAProxy config and have the supervisor reload it."""
     cfg = configmod.load(os.path.join(lab.run_dir, "pep.toml"))
@@ -118,20 +146,23 @@ def apply(lab, change: Callable[[str], str]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(prog="bench proxy-tuning", description=__doc__.splitlines()[0])
     add_measure_args(ap, reps=5, ttfb_count=100)
-    known = [*LAB_CANDIDATES, *CANDIDATES]
+    known = [*LAB_CANDIDATES, *CANDIDATES, *ENGINE_CANDIDATES]
     ap.add_argument("--candidates", default=",".join(known), help="comma-separated subset")
     args = ap.parse_args()
     unknown = [c for c in args.candidates.split(",") if c not in known]
     if unknown:
         ap.error(f"--candidates: no candidate {', '.join(unknown)}; the candidates: {', '.join(known)}")
     chosen = ["routed", "default", "nginx-stream", *args.candidates.split(",")]
-    variant = {"default": "bpf"} | {c: "bpf" for c in CANDIDATES} | {c: v for c, (_, v) in LAB_CANDIDATES.items()}
+    variant = ({"default": "bpf"} | {c: "bpf" for c in (*CANDIDATES, *ENGINE_CANDIDATES)}
+               | {c: v for c, (_, v) in LAB_CANDIDATES.items()})
     options = {v: VARIANTS[variant.get(v, v)] for v in chosen}
     with ExitStack() as stack:
         lab = labs(stack, options)
         for v in chosen:
             if v in CANDIDATES:
                 apply(lab[v], CANDIDATES[v][1])
+            elif v in ENGINE_CANDIDATES:
+                ENGINE_CANDIDATES[v][1](lab[v], stack)
         raw = measure_alternately(lab, chosen, args)
 
     proxied = chosen[1:]
@@ -164,8 +195,8 @@ def main() -> int:
 
     write_report("proxy-tuning", {"reps": args.reps, "seconds": args.seconds, "commit": git_rev(),
                                   "command": "./scripts/bench proxy-tuning",
-                                  "candidates": {c: (CANDIDATES | LAB_CANDIDATES)[c][0] for c in chosen
-                                                 if c in known},
+                                  "candidates": {c: (CANDIDATES | LAB_CANDIDATES | ENGINE_CANDIDATES)[c][0]
+                                                 for c in chosen if c in known},
                                   "medians": med, "proxy_cpu_us_per_tx": own, "ratios_to_default": ratios,
                                   "samples": raw}, table, plot)
     return 0

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #define BUF_SIZE 16384
+#define MAX_WORKERS 1024
 
 // One direction of a relayed connection: what was read from fd and is still to go to the peer.
 struct side {
@@ -34,6 +35,9 @@ struct side {
 	size_t len, off;
 	int eof;        // fd sent its FIN (or failed): nothing more to read
 	int shut;       // the FIN was passed on: shutdown(peer, SHUT_WR) done
+	int connected;  // fd's handshake is done (shutdown() of a connecting socket aborts it)
+	int readable;   // epoll said so and recv has not said EAGAIN since (edge-triggered:
+	int writable;   // no call is made that would only say EAGAIN, as nginx keeps it)
 	int closed;     // both fds closed; freed after the current batch of events
 	char buf[BUF_SIZE];
 };
@@ -66,6 +70,8 @@ static int pump(struct side *from)
 
 	for (;;) {
 		if (from->len == 0 && !from->eof) {
+			if (!from->readable)
+				return 0;
 			ssize_t n = recv(from->fd, from->buf, BUF_SIZE, 0);
 
 			if (n > 0) {
@@ -74,22 +80,33 @@ static int pump(struct side *from)
 			} else if (n == 0) {
 				from->eof = 1;
 			} else if (errno == EAGAIN) {
+				from->readable = 0;
 				return 0;
 			} else if (errno != EINTR) {
 				return -1;
 			}
 		}
 		if (from->len > 0) {
+			if (!to->writable)
+				return 0;
 			ssize_t n = send(to->fd, from->buf + from->off, from->len, MSG_NOSIGNAL);
 
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0 && errno == EAGAIN) {
+				to->writable = 0;
+				return 0;
+			}
 			if (n < 0)
-				return errno == EAGAIN ? 0 : errno == EINTR ? 0 : -1;
+				return -1;
 			from->off += n;
 			from->len -= n;
 			continue;
 		}
 		if (from->eof) {
-			if (!from->shut && shutdown(to->fd, SHUT_WR) < 0 && errno != ENOTCONN)
+			if (from->shut || !to->connected)
+				return 0;   // not yet connected: its first EPOLLOUT comes back here
+			if (shutdown(to->fd, SHUT_WR) < 0 && errno != ENOTCONN)
 				return -1;
 			from->shut = 1;
 			return 0;
@@ -105,10 +122,23 @@ static void on_event(struct side *s, uint32_t events)
 		close_pair(s);
 		return;
 	}
+	if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP))
+		s->readable = 1;
+	if (events & EPOLLOUT)
+		s->writable = s->connected = 1;
 	// Readable: s has data for its peer; writable: s can take what its peer holds.
 	if (pump(s) < 0 || pump(s->peer) < 0 || (s->shut && s->peer->shut)) {
 		close_pair(s);
 	}
+}
+
+static void init_side(struct side *s, int fd, struct side *peer, int connected)
+{
+	s->fd = fd;
+	s->peer = peer;
+	s->len = s->off = 0;
+	s->eof = s->shut = s->closed = s->readable = s->writable = 0;
+	s->connected = connected;
 }
 
 static int watch(int ep, struct side *s)
@@ -133,12 +163,16 @@ static void accept_all(int ep, int lfd)
 			die("accept4");
 		}
 		int sfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-		struct side *pair = calloc(2, sizeof(struct side));
+		// Not zeroed: the buffers are written before they are read (len says how much).
+		struct side *pair = malloc(2 * sizeof(struct side));
 
 		if (sfd < 0 || !pair || getsockname(cfd, (struct sockaddr *)&dst, &dlen) < 0)
 			die("socket");
 		client.sin_port = 0;   // the subscriber's address, a spare port (found at connect)
-		if (setsockopt(sfd, SOL_IP, IP_TRANSPARENT, &one, sizeof(one)) < 0 ||
+		// No Nagle on either side, as HAProxy and nginx (tcp_nodelay on) do.
+		if (setsockopt(cfd, SOL_TCP, TCP_NODELAY, &one, sizeof(one)) < 0 ||
+		    setsockopt(sfd, SOL_TCP, TCP_NODELAY, &one, sizeof(one)) < 0 ||
+		    setsockopt(sfd, SOL_IP, IP_TRANSPARENT, &one, sizeof(one)) < 0 ||
 		    setsockopt(sfd, SOL_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one)) < 0 ||
 		    bind(sfd, (struct sockaddr *)&client, sizeof(client)) < 0 ||
 		    (connect(sfd, (struct sockaddr *)&dst, sizeof(dst)) < 0 && errno != EINPROGRESS)) {
@@ -147,8 +181,8 @@ static void accept_all(int ep, int lfd)
 			free(pair);
 			continue;
 		}
-		pair[0] = (struct side){.fd = cfd, .peer = &pair[1]};
-		pair[1] = (struct side){.fd = sfd, .peer = &pair[0]};
+		init_side(&pair[0], cfd, &pair[1], 1);
+		init_side(&pair[1], sfd, &pair[0], 0);
 		if (watch(ep, &pair[0]) < 0 || watch(ep, &pair[1]) < 0)
 			die("epoll_ctl");
 	}
@@ -185,18 +219,19 @@ int main(int argc, char **argv)
 	static const int one = 1;
 	int port = argc == 3 ? atoi(argv[1]) : 0, workers = argc == 3 ? atoi(argv[2]) : 0;
 	struct sockaddr_in any = {.sin_family = AF_INET, .sin_port = htons(port)};
-	int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 
-	if (port <= 0 || port > 65535 || workers <= 0 || workers > 64) {
-		fprintf(stderr, "usage: minrelay PORT WORKERS (PORT 1-65535, WORKERS 1-64)\n");
+	if (port <= 0 || port > 65535 || workers <= 0 || workers > MAX_WORKERS) {
+		fprintf(stderr, "usage: minrelay PORT WORKERS (PORT 1-65535, WORKERS 1-%d)\n", MAX_WORKERS);
 		return 2;
 	}
+	int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+
 	// Transparent: the interception delivers connections addressed to other hosts.
 	if (lfd < 0 || setsockopt(lfd, SOL_IP, IP_TRANSPARENT, &one, sizeof(one)) < 0 ||
 	    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
 	    bind(lfd, (struct sockaddr *)&any, sizeof(any)) < 0 || listen(lfd, 4096) < 0)
 		die("listener");
-	pid_t parent = getpid(), pids[64];
+	pid_t parent = getpid(), pids[MAX_WORKERS];
 
 	for (int i = 0; i < workers; i++) {
 		pids[i] = fork();

@@ -8,7 +8,7 @@ import os
 import sys
 
 from .cluster import HOSTS_MAX, ClusterLab
-from .engines import ENGINES
+from .engines import ENGINES, MINRELAY
 from .lab import MAX_GRAPHS, Lab, lab_name
 
 
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
                     "graph, transparent both ways (netns/engines.py; bench proxy's nginx-stream and minrelay)")
     up.add_argument("--mode", choices=("tcp", "http"), default="tcp")
     up.add_argument("--threads", type=int, default=0, metavar="N",
-                    help="the proxy's threads (HAProxy) or workers (nginx); default 0: one per CPU")
+                    help="the proxy's threads (HAProxy) or workers (nginx, minrelay); default 0: one per CPU")
     up.add_argument("--no-metrics", action="store_true", help="no metrics exporter (metrics_port = 0)")
     up.add_argument("--control-fraction", type=float, default=0.0, metavar="F",
                     help="the experiment: a share F of subscribers bypassed as the control group (default 0: off)")
@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "up" and args.proxy_engine != "haproxy" and (args.hosts or args.plain or args.no_proxy):
         ap.error(f"--proxy-engine {args.proxy_engine} is the one-host lab's proxy: not with --hosts, --plain or "
                  "--no-proxy")
+    if args.command == "up" and args.proxy_engine == "minrelay" and not os.path.exists(MINRELAY):
+        ap.error(f"--proxy-engine minrelay: {MINRELAY} is not built; run make build (scripts/setup does)")
     if args.command == "up" and not args.interception:
         args.interception = "nft" if args.hosts else "bpf"
     if os.geteuid() != 0:

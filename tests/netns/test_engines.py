@@ -57,13 +57,18 @@ def test_engine_proxies_transparently_both_ways(lab):
         ss = lab.run("pep", "ss", "-Htnp", "state", "established", "sport", "=", ":80").stdout
         assert f'"{lab.engine}"' in ss and "haproxy" not in ss, \
             f"pep namespace: the client's connection is not {lab.engine}'s: {ss}"
-        counters = json.loads(lab.run("pep", "nft", "-j", "list", "counters").stdout)["nftables"]
-        intercepted = [c["counter"]["packets"] for c in counters
-                       if "counter" in c and c["counter"]["name"] == "intercepted_v4"]
-        assert intercepted and intercepted[0] > 0, f"pep namespace: nft intercepted nothing: {counters}"
+        assert intercepted(lab) > 0, "pep namespace: nft intercepted nothing"
     finally:
         download.kill()
         download.wait()
+
+
+def intercepted(lab) -> int:
+    """SYNs the graph's nft table handed to the engine's listener."""
+    counters = json.loads(lab.run("pep", "nft", "-j", "list", "counters").stdout)["nftables"]
+    found = [c["counter"]["packets"] for c in counters if "counter" in c and c["counter"]["name"] == "intercepted_v4"]
+    assert found, f"pep namespace: no counter intercepted_v4 in {counters}"
+    return found[0]
 
 
 def test_engine_relays_every_byte_and_a_half_close(lab):
@@ -71,20 +76,29 @@ def test_engine_relays_every_byte_and_a_half_close(lab):
         expected = hashlib.sha256(f.read()).hexdigest()
     got = lab.run("client", "sh", "-c", "curl -s http://198.19.0.10/1m | sha256sum").stdout.split()[0]
     assert got == expected, f"client: 1 MB object through {lab.engine}: expected sha256 {expected}, got {got}"
-    # A server that answers only once the client has finished sending (its FIN), on a second origin
-    # address: the answer comes back only if the engine passed the client's half-close on.
+    # A server that answers only once the client has finished sending (its FIN), with the sha256 of
+    # what it got, on a second origin address: the answer comes back only if the engine passed the
+    # client's half-close on, and it is right only if every byte of the upload went through.
     lab.run("origin", "ip", "addr", "add", "198.19.0.11/32", "dev", "eth0")
     server = lab.popen("origin", "python3", "-c", (
-        "import socket; l = socket.create_server(('198.19.0.11', 80)); c, _ = l.accept(); n = 0\n"
-        "while (b := c.recv(65536)): n += len(b)\n"
-        "c.sendall(str(n).encode()); c.close()"))
+        "import hashlib, socket; l = socket.create_server(('198.19.0.11', 80)); c, _ = l.accept()\n"
+        "h = hashlib.sha256()\n"
+        "while (b := c.recv(65536)): h.update(b)\n"
+        "c.sendall(h.hexdigest().encode()); c.close()"))
     try:
         wait_until(lambda: "198.19.0.11:80" in lab.run("origin", "ss", "-Htln").stdout, timeout=5,
                    what="origin: the half-close server listening")
+        before = intercepted(lab)
+        upload = os.urandom(300_000)
         got = lab.run("client", "python3", "-c", (
-            "import socket; s = socket.create_connection(('198.19.0.11', 80), timeout=5)\n"
-            "s.sendall(bytes(100000)); s.shutdown(socket.SHUT_WR); print(s.recv(100).decode())"), timeout=10).stdout
-        assert got.strip() == "100000", f"client: the server's count after a half-close: expected 100000, got {got!r}"
+            "import socket, sys; s = socket.create_connection(('198.19.0.11', 80), timeout=5)\n"
+            "s.sendall(sys.stdin.buffer.read()); s.shutdown(socket.SHUT_WR); b = b''\n"
+            "while (c := s.recv(100)): b += c\n"   # to the server's FIN
+            "print(b.decode())"), input=upload, text=False, timeout=10).stdout.decode().strip()
+        want = hashlib.sha256(upload).hexdigest()
+        assert got == want, f"client: the server's sha256 of a 300 KB upload after a half-close: expected {want}, " \
+                            f"got {got!r}"
+        assert intercepted(lab) > before, f"pep namespace: the upload's connection did not go through {lab.engine}"
     finally:
         server.kill()
         server.wait()

@@ -29,17 +29,19 @@ def test_paired_ratio_needs_pairs(a, b):
 
 
 def test_endpoints_floor_and_the_share_that_beats_nginx():
-    # Cores shared by client, origin and proxy: tx/s goes as 1 / the machine's CPU per transaction.
+    # Cores shared by client, origin and proxy: with both busy, tx/s x CPU per tx = 2 CPU-seconds a second.
     kinds = {"user_us_per_tx": 10.0, "system_us_per_tx": 50.0, "softirq_us_per_tx": 20.0}
-    med = {"routed": {"cpu_us_per_tx": 100.0}, "nginx-stream": {"cpu_us_per_tx": 195.0},
-           "endpoints": {"cpu_us_per_tx": 80.0, **kinds}}
-    floor = endpoints_floor(med, {"bpf": 100.0, "nginx-stream": 95.0})
+    med = {"routed": {"tps": 10000.0, "cpu_us_per_tx": 100.0}, "nginx-stream": {"tps": 5000.0, "cpu_us_per_tx": 380.0},
+           "endpoints": {"tps": 20000.0, "cpu_us_per_tx": 80.0, **kinds}}
+    floor = endpoints_floor(med, {"bpf": 100.0, "nginx-stream": 280.0}, cpus=2)
     assert floor["endpoints_us_per_tx"] == 80.0
     assert floor["endpoints_by_kind"] == {"user": 10.0, "system": 50.0, "softirq": 20.0}
-    assert floor["share_over_endpoints"] == {"bpf": pytest.approx(1.25), "nginx-stream": pytest.approx(95 / 80)}
-    # 195 / 1.3 = 150 us for the whole machine, of which routed's 100 leave 50 to the proxy.
-    assert floor["share_for_1.3x_nginx_us"] == pytest.approx(50.0)
-    assert endpoints_floor({"routed": {"cpu_us_per_tx": 100.0}}, {}) is None
+    assert floor["share_over_endpoints"] == {"bpf": pytest.approx(1.25), "nginx-stream": pytest.approx(3.5)}
+    assert floor["busy_cpus"] == {"routed": pytest.approx(1.0), "nginx-stream": pytest.approx(1.9),
+                                  "endpoints": pytest.approx(1.6)}
+    # 1.3 x 5,000 tx/s on 2 CPUs: 307.7 us of CPU per transaction, of which routed's 100 leave 207.7.
+    assert floor["share_for_1.3x_nginx_us"] == pytest.approx(2e6 / 6500 - 100)
+    assert endpoints_floor({"routed": {"cpu_us_per_tx": 100.0}}, {}, cpus=2) is None
 
 
 def test_versus_nginx_pairs_each_rep_and_the_proxies_own_share():
