@@ -142,10 +142,21 @@ def measure(lab, name: str, rep: str, seconds: float, ttfb_count: int) -> dict:
             "gbps_10m": g["gbps"]}
 
 
+def own_shares(raw: dict[str, dict[str, list]], variant: str, key: str = "cpu_us_per_tx") -> list[float]:
+    """The proxy's own CPU per transaction (key: a *_us_per_tx figure), rep by rep: the variant's
+    machine-wide figure less routed's of the same rep."""
+    return [a - b for a, b in zip(raw[variant][key], raw["routed"][key], strict=True)]
+
+
 def proxy_share(raw: dict[str, dict[str, list]], variant: str, key: str) -> float:
-    """The proxy's own CPU per transaction (key: a *_us_per_tx figure): the variant's machine-wide
-    figure less routed's, rep by rep, and the median of those."""
-    return median([a - b for a, b in zip(raw[variant][key], raw["routed"][key], strict=True)])
+    """The median of own_shares."""
+    return median(own_shares(raw, variant, key))
+
+
+def medians(raw: dict[str, dict[str, list]]) -> dict[str, dict[str, float]]:
+    """Every variant's median of each figure it has, and its errors summed."""
+    return {v: {k: median(x) for k, x in s.items() if x and k != "errors"} | {"errors": sum(s["errors"])}
+            for v, s in raw.items()}
 
 
 def ratio_bars(plt, ratios: dict[str, dict[str, float]], panels, baseline: str, colors: list[str], title: str):
@@ -186,9 +197,7 @@ def versus_nginx(raw: dict[str, dict[str, list]]) -> dict[str, float] | None:
         return None
     out = {k: paired_ratio(raw["bpf"][k], raw["nginx-stream"][k])
            for k in ("tps", "ttfb_p50_us", "ttfb_p99_us", "gbps_10m")}
-    own = {v: [a - r for a, r in zip(raw[v]["cpu_us_per_tx"], raw["routed"]["cpu_us_per_tx"], strict=True)]
-           for v in ("bpf", "nginx-stream")}
-    return out | {"proxy_cpu_us_per_tx": paired_ratio(own["bpf"], own["nginx-stream"])}
+    return out | {"proxy_cpu_us_per_tx": paired_ratio(own_shares(raw, "bpf"), own_shares(raw, "nginx-stream"))}
 
 
 def add_measure_args(ap: argparse.ArgumentParser, reps: int, ttfb_count: int) -> None:
@@ -230,8 +239,7 @@ def main() -> int:
             used = exporter_cpu_seconds(lab["bpf"]) - exporter_cpu[0]
             exporter_cpu = {"cpu_s": used, "wall_s": time.monotonic() - exporter_cpu[1],
                             "share_of_a_core": used / (time.monotonic() - exporter_cpu[1])}
-    med = {v: {k: median(x) for k, x in s.items() if x and k != "errors"} | {"errors": sum(s["errors"])}
-           for v, s in raw.items()}
+    med = medians(raw)
     base = med["routed"]
     # Every rep measures every variant: a variant's ratio is the median of its ratios to routed rep by rep.
     keys = ("tps", "cpu_us_per_tx", "ttfb_p50_us", "ttfb_p99_us", "gbps_10m")

@@ -28,14 +28,23 @@ import re
 from collections.abc import Callable
 from contextlib import ExitStack
 
-from netns.engines import LISTEN_PORT, MINRELAY
+from netns.engines import LISTEN_PORT, MINRELAY, listening
 from netns.handle import wait_until
 from pepctl import config as configmod
 from pepctl.names import instance_names
 from pepctl.reload import reload_haproxy
 
-from .common import git_rev, labs, median, paired_ratio, write_report
-from .proxy import CPU_KINDS, VARIANTS, add_measure_args, measure_alternately, proxy_share, ratio_bars
+from .common import git_rev, labs, paired_ratio, write_report
+from .proxy import (
+    CPU_KINDS,
+    VARIANTS,
+    add_measure_args,
+    measure_alternately,
+    medians,
+    own_shares,
+    proxy_share,
+    ratio_bars,
+)
 
 
 def in_sections(kind: str, line: str) -> Callable[[str], str]:
@@ -109,17 +118,13 @@ def minrelay_behind_bpf(lab, stack: ExitStack) -> None:
     behind the project's own datapath: HAProxy's listener moves to another port (a reload) and
     minrelay listens on the one the tc program hands new flows to. What is left of the proxy's
     share is the interception's and the kernel's; what goes is HAProxy's own."""
-    ports = ("0.0.0.0:50080 ", "[::]:50080 ")
-    apply(lab, lambda cfg: replaced(ports[1], "[::]:50081 ")(replaced(ports[0], "0.0.0.0:50081 ")(cfg)))
-
-    def listening() -> str:
-        return lab.run("pep", "ss", "-Htlnp", "sport", "=", f":{LISTEN_PORT}").stdout
-
-    wait_until(lambda: listening() == "", timeout=10, what=f"HAProxy off port {LISTEN_PORT} after the reload")
+    apply(lab, replaced(f":{LISTEN_PORT} ", f":{LISTEN_PORT + 1} "))   # both binds, IPv4 and IPv6
+    ns = lab.netns("pep")
+    wait_until(lambda: not listening(ns), timeout=10, what=f"HAProxy off port {LISTEN_PORT} after the reload")
     relay = lab.popen("pep", MINRELAY, str(LISTEN_PORT), str(os.cpu_count() or 1))
     stack.callback(relay.wait, timeout=10)
     stack.callback(relay.terminate)   # its recorded PID; its workers die with it (PR_SET_PDEATHSIG)
-    wait_until(lambda: "minrelay" in listening(), timeout=10, what=f"minrelay listening on {LISTEN_PORT}")
+    wait_until(lambda: "minrelay" in listening(ns), timeout=10, what=f"minrelay listening on {LISTEN_PORT}")
 
 
 # name: (what it is, how the lab is changed after it is up).
@@ -166,14 +171,12 @@ def main() -> int:
         raw = measure_alternately(lab, chosen, args)
 
     proxied = chosen[1:]
-    med = {v: {k: median(x) for k, x in s.items() if k != "errors"} | {"errors": sum(s["errors"])}
-           for v, s in raw.items()}
+    med = medians(raw)
     own = {v: {k: proxy_share(raw, v, f"{k}_us_per_tx") for k in ("cpu", *CPU_KINDS)} for v in proxied}
     ratios = {v: {k: paired_ratio(raw[v][k], raw["default"][k]) for k in ("tps", "ttfb_p50_us", "ttfb_p99_us",
                                                                           "gbps_10m")} for v in proxied}
     for v in proxied:   # the proxy's own CPU against the default's, rep by rep
-        ratios[v]["proxy_cpu"] = median([(a - r) / (d - r) for a, d, r in zip(
-            raw[v]["cpu_us_per_tx"], raw["default"]["cpu_us_per_tx"], raw["routed"]["cpu_us_per_tx"], strict=True)])
+        ratios[v]["proxy_cpu"] = paired_ratio(own_shares(raw, v), own_shares(raw, "default"))
     table = [["variant", "1 KB tx/s", "ratio", "proxy's us/tx", "ratio", "user/sys/softirq", "TTFB p50 us", "ratio",
               "TTFB p99 us", "ratio", "10 MB Gbit/s", "ratio", "errors"]]
     table.append(["routed", f"{med['routed']['tps']:,.0f}", "", "-", "", "-", f"{med['routed']['ttfb_p50_us']:.0f}",

@@ -101,10 +101,15 @@ def nginx_steps(ns: str, run_dir: str, workers: int) -> list[Step]:
     ]
 
 
+def listening(ns: str) -> str:
+    """What listens on LISTEN_PORT in ns (`ss -p` lines: the owner's name is in them), or ""."""
+    probe = in_netns(ns, ["ss", "-Htlnp", f"sport = :{LISTEN_PORT}"])
+    return subprocess.run(probe, capture_output=True, text=True).stdout.strip()
+
+
 def minrelay_steps(ns: str, run_dir: str, workers: int) -> list[Step]:
-    def ready() -> bool:   # its listener is up
-        probe = in_netns(ns, ["ss", "-Htln", f"sport = :{LISTEN_PORT}"])
-        return bool(subprocess.run(probe, capture_output=True, text=True).stdout.strip())
+    def ready() -> bool:
+        return "minrelay" in listening(ns)
 
     return [daemon_step(f"start minrelay in {ns}", in_netns(ns, [MINRELAY, str(LISTEN_PORT), str(workers)]),
                         os.path.join(run_dir, "minrelay.pid"), os.path.join(run_dir, "minrelay.out"), ready)]
