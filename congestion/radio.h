@@ -1,0 +1,114 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * pep_radio: the access side's congestion control, the contract between the
+ * BPF program (congestion/radio.bpf.c) and the control plane
+ * (pepctl/radio_maps.py). Map names, struct layouts, defaults and the
+ * statistics' buckets live here and only here; the control law itself is in
+ * radio_law.h.
+ *
+ * If you change this file, change with it:
+ *   - pepctl/radio_maps.py          (struct formats, map names, buckets)
+ *   - monitoring/ (the dashboard panel and rules read the exporter's names)
+ *   (tests/unit/test_radio_contract.py compares the first with this file)
+ *
+ * Where it runs: registered once per host (a congestion control is
+ * host-wide), chosen per route (`congctl pep_radio` on a graph's access-side
+ * routes), so every socket the proxy has toward a subscriber runs it. Types
+ * come from the includer (vmlinux.h in BPF, <linux/types.h> in userspace).
+ */
+#ifndef PEP_RADIO_H
+#define PEP_RADIO_H
+
+#define RADIO_NAME "pep_radio"            /* tcp_congestion_ops.name: what congctl and ss show */
+
+#define RADIO_SUBSCRIBERS_MAX 131072       /* radio_subs: LRU, preallocated */
+#define RADIO_GRAPHS_MAX 4096              /* radio_params, radio_stats: one entry per graph namespace */
+
+/* Defaults of a graph's parameters (radio_params), and fixed constants. */
+#define RADIO_TARGET_US 40000              /* queueing delay held in the radio's buffer */
+#define RADIO_STALE_US 30000000            /* a subscriber not heard from for this long starts over */
+#define RADIO_MIN_RTT_WIN_US 10000000      /* the minimum RTT is the least of the last 5-10 s */
+#define RADIO_OUTAGE_US 250000             /* no ACK for this long with data in flight: an outage */
+#define RADIO_EPOCH_US 10000000            /* "subscribers active" counts those heard in one epoch */
+
+/* radio_params: HASH, key __u32 (the graph namespace's inode number).
+ * Written by pepctl up for every graph whose access side runs pep_radio. A
+ * socket in a namespace without an entry runs on the defaults above. */
+struct radio_params {
+	__u32 target_us;
+	__u32 flags;                       /* none yet */
+};
+
+/* radio_subs: LRU_HASH[RADIO_SUBSCRIBERS_MAX], one entry per subscriber
+ * (address, in its graph's namespace). Every flow of a subscriber reads and
+ * feeds it: one capacity estimate and one minimum RTT for all of them. */
+struct radio_sub_key {
+	__u32 netns;                       /* the graph namespace's inode number */
+	__u32 family;                      /* AF_INET or AF_INET6 */
+	__u8 addr[16];                     /* IPv4: the first 4 bytes; network order */
+};
+
+struct radio_sub {
+	__u64 window;                      /* bytes its flows may have in flight together */
+	__u64 rate;                        /* bytes/s they delivered, smoothed: what it is shown as */
+	__u64 win_start_us;                /* the control window: since when */
+	__u64 win_delivered;               /* bytes every flow had delivered in it */
+	__u64 last_ack_us;                 /* the last ACK of any of its flows */
+	__u64 min_rtt_stamp_us;            /* when the current minimum-RTT bucket opened */
+	__u32 min_rtt_us;                  /* least RTT of the current bucket */
+	__u32 min_rtt_prev_us;             /* ... and of the bucket before */
+	__u32 win_rtt_min_us;              /* least RTT sample of the window: base + standing queue */
+	__u32 win_bulk;                    /* flows that were not application-limited in the window */
+	__u32 bulk;                        /* ... in the last window: the rate is shared among them */
+	__u32 window_id;                   /* counts windows, so a flow counts itself once in each */
+	__u32 qdelay_us;                   /* the standing queue of the last window */
+	__u32 target_us;                   /* the graph's target when the entry was made */
+	__u32 flows;                       /* sockets open */
+	__u32 outages;
+	__u32 epoch;                       /* the last epoch it was counted active in */
+};
+
+/* radio_flow: a socket's own state, in its icsk_ca_priv (at most 104 bytes). */
+struct radio_flow {
+	__u64 last_ack_us;                 /* the socket's last ACK */
+	__u32 window_id;                   /* the subscriber window it last counted itself bulk in */
+	__u32 in_flight;                   /* packets out after its last ACK: was it waiting for one? */
+	__u32 target_us;
+	__u8 has_sub;                      /* it holds a count in its subscriber's entry */
+	__u8 pad[3];
+};
+
+/* radio_stats: HASH, key __u32 (graph namespace inode), value struct
+ * radio_graph_stats. Counters only grow; the exporter makes rates of them.
+ * Every control window of every subscriber adds one sample to the queueing
+ * delay and rate histograms: bucket i counts samples above bound i-1 and at
+ * most bound i (0: no bound); the exporter makes them cumulative. */
+#define RADIO_QDELAY_BUCKETS 9
+#define RADIO_QDELAY_BOUNDS_US {5000, 10000, 20000, 40000, 80000, 160000, 320000, 640000, 0}
+#define RADIO_RATE_BUCKETS 11
+/* bytes/s: 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000 Mbit/s, +Inf */
+#define RADIO_RATE_BOUNDS {125000, 250000, 625000, 1250000, 2500000, 6250000, 12500000, 25000000, \
+			   62500000, 125000000, 0}
+
+struct radio_epoch_count {
+	__u32 epoch;                       /* now / RADIO_EPOCH_US when counted */
+	__u32 subscribers;                 /* subscribers heard from in that epoch */
+	__u64 rate_sum;                    /* the sum of their rates (bytes/s) */
+};
+
+struct radio_graph_stats {
+	__u64 flows_started;
+	__u64 flows_ended;
+	__u64 flows_warm;                  /* started at a known subscriber's rate, not from startup */
+	__u64 subscribers_new;
+	__u64 outages;
+	__u64 outage_us;                   /* the outages' total length */
+	__u64 windows;
+	__u64 qdelay_sum_us;
+	__u64 rate_sum;
+	__u64 qdelay_bucket[RADIO_QDELAY_BUCKETS];
+	__u64 rate_bucket[RADIO_RATE_BUCKETS];
+	struct radio_epoch_count active[2];      /* indexed by epoch % 2 */
+};
+
+#endif /* PEP_RADIO_H */
