@@ -19,13 +19,15 @@
 #ifndef PEP_RADIO_H
 #define PEP_RADIO_H
 
+#ifndef RADIO_NAME                         /* a build for experiments may take another name */
 #define RADIO_NAME "pep_radio"            /* tcp_congestion_ops.name: what congctl and ss show */
+#endif
 
 #define RADIO_SUBSCRIBERS_MAX 131072       /* radio_subs: LRU, preallocated */
 #define RADIO_GRAPHS_MAX 4096              /* radio_params, radio_stats: one entry per graph namespace */
 
 /* Defaults of a graph's parameters (radio_params), and fixed constants. */
-#define RADIO_TARGET_US 40000              /* queueing delay held in the radio's buffer */
+#define RADIO_TARGET_US 30000              /* queueing delay held in the radio's buffer */
 #define RADIO_STALE_US 30000000            /* a subscriber not heard from for this long starts over */
 #define RADIO_MIN_RTT_WIN_US 10000000      /* the minimum RTT is the least of the last 5-10 s */
 #define RADIO_OUTAGE_US 250000             /* no ACK for this long with data in flight: an outage */
@@ -59,6 +61,7 @@ struct radio_sub {
 	__u32 min_rtt_prev_us;             /* ... and of the bucket before */
 	__u32 win_rtt_min_us;              /* least RTT sample of the window: base + standing queue */
 	__u32 win_bulk;                    /* flows that were not application-limited in the window */
+	__u32 win_full;                    /* a flow filled its window in it: the link may take more */
 	__u32 bulk;                        /* ... in the last window: the rate is shared among them */
 	__u32 window_id;                   /* counts windows, so a flow counts itself once in each */
 	__u32 qdelay_us;                   /* the standing queue of the last window */
@@ -66,6 +69,8 @@ struct radio_sub {
 	__u32 flows;                       /* sockets open */
 	__u32 outages;
 	__u32 epoch;                       /* the last epoch it was counted active in */
+	__u8 startup;                      /* no queue seen yet: the window doubles per control window */
+	__u8 pad[3];
 };
 
 /* radio_flow: a socket's own state, in its icsk_ca_priv (at most 104 bytes). */

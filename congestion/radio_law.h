@@ -6,29 +6,25 @@
  * bytes/s, microseconds. Include radio.h first.
  *
  * The idea, per subscriber (every flow of one subscriber crosses the same
- * radio queue, so they share one estimate):
+ * radio queue, so they share one estimate and one window):
+ *   - The subscriber's flows together may have `window` bytes in flight;
+ *     each gets an equal share of it (radio_share). A window of
+ *     rate x (min RTT + target) keeps `target` of queue in the radio's
+ *     buffer, whatever the capacity, and bounds what goes into a dead link.
  *   - Every control window (about one minimum RTT, at least 40 ms: radio links
- *     deliver in bursts, and a window must hold several), measure what the
- *     subscriber's flows had delivered (C, bytes/s) and the least RTT sample
- *     (base RTT + the standing queue: its excess over the minimum RTT is the
- *     queueing delay qd).
- *   - qd above the target: the link is saturated and C is its capacity; send
- *     below C by what drains the excess within a window.
- *     qd between half the target and the target: hold at C.
- *     qd below half the target: if the flows used their rate, the link may
- *     take more: raise it (x2 in startup, x1.25 after); if they did not, the
- *     limit was elsewhere: keep it.
- *     A rise is never more than that step, however many bytes one burst of
- *     ACKs brings (that is what inflates BBR's max filter on radio links).
- *   - The flows' windows together hold rate x (min RTT + target): the queue
- *     they can build is bounded by the target even before the next window
- *     notices a fall in capacity, and no more than that goes into a dead link.
+ *     deliver in bursts, and a window must hold several), the law looks at
+ *     what the flows delivered (bytes/s) and the least RTT sample (base RTT +
+ *     the standing queue: its excess over the minimum RTT is the queueing
+ *     delay) and sets the next window (radio_next_window): from the measured
+ *     capacity when there is a queue, by growing it when there is none. A
+ *     rise is bounded per window however many bytes one burst of ACKs brings
+ *     (that burst is what inflates BBR's max filter on radio links).
  *   - Loss is not a signal: radio links lose frames that have nothing to do
- *     with the queue, and a 500 ms drop-tail buffer is never full at a 40 ms
- *     target. Only delay is.
+ *     with the queue, and a deep drop-tail buffer is never full at the target.
+ *     Only delay is.
  *   - An outage (no ACK for RADIO_OUTAGE_US with data in flight) is not
- *     congestion: the window that spans it is dropped, the rate kept, and the
- *     flows resume at it, paced.
+ *     congestion: the window that spans it is dropped, window and rate kept,
+ *     and the flows resume at them, paced, on the first ACK.
  */
 #ifndef PEP_RADIO_LAW_H
 #define PEP_RADIO_LAW_H
@@ -37,6 +33,7 @@
 #define RADIO_WINDOW_MIN_US 40000          /* a control window is at least this long */
 #define RADIO_WINDOW_MIN_BYTES 6000ULL     /* four packets: never below */
 #define RADIO_CWND_MIN 4                   /* packets */
+#define RADIO_SRTT_GUESS_US 100000         /* an RTT before any sample (the kernel's guess, 1 s, is unkind) */
 
 /* The standing queue: the window's least RTT above the minimum RTT. */
 static inline __u32 radio_qdelay(__u32 win_rtt_min_us, __u32 min_rtt_us)
@@ -59,29 +56,39 @@ static inline __u64 radio_delivery_rate(__u64 delivered, __u64 elapsed_us)
 /* The subscriber's next window (bytes in flight for all its flows together)
  * and smoothed delivery rate, at the end of a control window.
  *   - Queue at or above half the target: the link is saturated, so what it
- *     delivered is its capacity. rate = the mean of the old rate and that;
- *     window = rate x (min RTT + target): a window above what is in flight
- *     now lets the queue fill to the target, one below it stops the flows
- *     until the queue has drained to the target. It is set from the capacity,
- *     not from the window before, so cuts never compound while the queue
- *     they act on is still draining.
- *   - Queue under half the target, and the flows filled their window: the
- *     link may take more; grow the window x1.5 (x1.25 once the queue is over
- *     a quarter of the target).
+ *     delivered is its capacity. rate = the mean of the old rate and that,
+ *     or that at once when it is lower and the queue is over twice the
+ *     target (the capacity fell: every window spent at the old rate adds to
+ *     the queue). window = rate x (min RTT + target): a window above what is
+ *     in flight now lets the queue fill to the target, one below it stops
+ *     the flows until the queue has drained to the target. It is set from
+ *     the capacity, not from the window before, so cuts never compound while
+ *     the queue they act on is still draining.
+ *   - Queue under half the target, a flow filled its window (`full`), and
+ *     what was delivered covers three quarters of it: the link may take more;
+ *     grow the window x2 in startup (no queue seen yet), else x1.5 (x1.25
+ *     once the queue is over a quarter of the target). The last condition
+ *     holds a rise back until the one before it has been delivered: the
+ *     queue it makes shows a round trip late.
  *   - Otherwise (no flow used it, or a receiver held it back): keep both.
- * Returns the window; *rate is updated in place. */
-static inline __u64 radio_next_window(__u64 window, __u64 *rate, __u64 measured, __u32 min_rtt_us,
-				      __u32 qdelay_us, __u32 target_us, __u32 bulk)
+ * Returns the window; *rate and *startup are updated in place. */
+static inline __u64 radio_next_window(__u64 window, __u64 *rate, __u8 *startup, __u64 measured,
+				      __u32 min_rtt_us, __u32 qdelay_us, __u32 target_us, __u32 full)
 {
 	__u64 next = window;
 
 	if (qdelay_us * 2 >= target_us) {
-		/* A fall is taken at once (the queue is there to cover a measuring
-		 * window that a delivery gap made look poor), a rise by halves. */
-		*rate = measured < *rate ? measured : (*rate + measured) / 2;
+		*startup = 0;
+		if (qdelay_us > 2 * target_us && measured < *rate)
+			*rate = measured;
+		else
+			*rate = (*rate + measured) / 2;
 		next = *rate * (min_rtt_us + target_us) / RADIO_USEC;
-	} else if (bulk && measured * (min_rtt_us + qdelay_us) / RADIO_USEC * 4 >= window * 3) {
-		next = qdelay_us * 4 < target_us ? window + window / 2 : window + window / 4;
+	} else if (full && measured * (min_rtt_us + qdelay_us) / RADIO_USEC * 4 >= window * 3) {
+		if (*startup)
+			next = 2 * window;
+		else
+			next = qdelay_us * 4 < target_us ? window + window / 2 : window + window / 4;
 		*rate = (*rate + measured) / 2;
 	}
 	return next < RADIO_WINDOW_MIN_BYTES ? RADIO_WINDOW_MIN_BYTES : next;
@@ -138,6 +145,169 @@ static inline __u32 radio_bucket(__u64 value, const __u64 *bounds, __u32 n)
 		if (!bounds[i] || value <= bounds[i])
 			return i;
 	return n - 1;
+}
+
+/* -- the events -------------------------------------------------------------------------- */
+
+/* What one ACK tells the law. */
+struct radio_ack {
+	__u64 now_us;
+	__u64 acked_bytes;                 /* newly delivered: acknowledged or selectively acknowledged */
+	__u32 rtt_us;                      /* RTT sample of the newest packet it covers; 0: none */
+	__u32 srtt_us;                     /* the socket's smoothed RTT: the base until a minimum is known */
+	__u32 packets_out;                 /* still in flight after it */
+	__u32 prior_in_flight;             /* in flight before it */
+	__u32 cwnd;                        /* the flow's window before it */
+	__u32 mss;
+	__u8 app_limited;                  /* the packet was sent while the application had nothing more */
+};
+
+/* What the law tells the flow, and what happened (for the statistics). */
+struct radio_out {
+	__u64 pacing;                      /* bytes/s */
+	__u64 outage_us;                   /* an outage just ended, this long; 0: none */
+	__u64 measured;                    /* what the window that just ended delivered, bytes/s */
+	__u32 cwnd;                        /* packets */
+	__u32 qdelay_us;                   /* of the window that just ended */
+	__u8 window_ended;
+};
+
+/* The flow's window and pacing rate: its share of the subscriber's window
+ * (shared among the bulk flows of the last window, plus `joining`). */
+static inline void radio_share(const struct radio_sub *sub, __u32 min_rtt_us, __u32 mss, __u32 joining,
+			       struct radio_out *out)
+{
+	__u32 sharers = sub->bulk + joining;
+	__u64 share = sub->window / (sharers ? sharers : 1);
+
+	out->cwnd = radio_cwnd(share, mss);
+	out->pacing = radio_pacing(share, min_rtt_us);
+}
+
+/* The subscriber's minimum RTT as known now (0: none yet). */
+static inline __u32 radio_known_min_rtt(const struct radio_sub *sub)
+{
+	__u32 a = sub->min_rtt_us, b = sub->min_rtt_prev_us;
+
+	return a && (!b || a < b) ? a : b;
+}
+
+/* A subscriber's entry for its first flow (or after RADIO_STALE_US of
+ * silence): startup from the flow's initial window over its handshake RTT. */
+static inline void radio_sub_init(struct radio_sub *sub, __u64 now_us, __u32 srtt_us, __u32 cwnd, __u32 mss,
+				  __u32 target_us)
+{
+	__builtin_memset(sub, 0, sizeof(*sub));
+	sub->window = (__u64)cwnd * mss;
+	sub->rate = sub->window * RADIO_USEC / (srtt_us ? srtt_us : RADIO_SRTT_GUESS_US);
+	sub->win_start_us = now_us;
+	sub->last_ack_us = now_us;
+	sub->min_rtt_stamp_us = now_us;
+	sub->min_rtt_us = srtt_us;
+	sub->win_rtt_min_us = ~0U;
+	sub->target_us = target_us;
+	sub->startup = 1;
+}
+
+/* Whether an entry still describes its subscriber's link. */
+static inline int radio_sub_fresh(const struct radio_sub *sub, __u64 now_us)
+{
+	return sub->window && now_us - sub->last_ack_us < RADIO_STALE_US;
+}
+
+/* A flow starts (its handshake is done): it joins its subscriber's entry and
+ * starts at a share of the subscriber's window. */
+static inline void radio_start(struct radio_sub *sub, struct radio_flow *f, __u64 now_us, __u32 srtt_us,
+			       __u32 mss, __u32 target_us, struct radio_out *out)
+{
+	__u32 min_rtt = radio_known_min_rtt(sub);
+
+	__builtin_memset(out, 0, sizeof(*out));
+	__builtin_memset(f, 0, sizeof(*f));
+	f->last_ack_us = now_us;
+	f->target_us = target_us;
+	f->has_sub = 1;
+	__sync_fetch_and_add(&sub->flows, 1);
+	sub->target_us = target_us;        /* the graph's, as it is now */
+	radio_share(sub, min_rtt ? min_rtt : srtt_us, mss, 1, out);
+}
+
+/* The end of a subscriber's control window: its next window and rate. */
+static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64 now_us, __u32 min_rtt_us,
+				    struct radio_out *out)
+{
+	__u64 elapsed = now_us - start_us;
+	__u64 measured = radio_delivery_rate(sub->win_delivered, elapsed);
+	__u32 qd = sub->qdelay_us;
+
+	/* A window without an RTT sample (every ACK covered retransmissions, and
+	 * the peer sends no timestamps) says nothing of the queue: keep all. */
+	if (sub->win_rtt_min_us != ~0U) {
+		qd = radio_qdelay(sub->win_rtt_min_us, min_rtt_us);
+		sub->window = radio_next_window(sub->window, &sub->rate, &sub->startup, measured, min_rtt_us, qd,
+						sub->target_us, sub->win_full);
+	}
+	sub->qdelay_us = qd;
+	sub->bulk = sub->win_bulk;
+	sub->win_bulk = 0;
+	sub->win_full = 0;
+	sub->win_delivered = 0;
+	sub->win_rtt_min_us = ~0U;
+	sub->window_id++;
+	out->window_ended = 1;
+	out->qdelay_us = qd;
+	out->measured = measured;
+}
+
+/* One ACK of a flow. Flows of one subscriber may run on several CPUs at
+ * once: counters are added atomically, and the end of a window belongs to
+ * the ACK that wins the compare-and-swap on its start. The rest is racy by
+ * design (a lost minimum-RTT sample costs nothing). */
+static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, const struct radio_ack *a,
+				struct radio_out *out)
+{
+	__u64 gap = a->now_us - f->last_ack_us;
+	__u32 in_flight_before = f->in_flight;
+	__u32 min_rtt;
+	__u64 start;
+
+	__builtin_memset(out, 0, sizeof(*out));
+	f->last_ack_us = a->now_us;
+	f->in_flight = a->packets_out;
+	min_rtt = radio_min_rtt(&sub->min_rtt_us, &sub->min_rtt_prev_us, &sub->min_rtt_stamp_us, a->now_us,
+				a->rtt_us);
+	if (!min_rtt)
+		min_rtt = a->srtt_us;
+
+	if (radio_is_outage(gap, in_flight_before) && a->now_us - sub->last_ack_us >= RADIO_OUTAGE_US) {
+		/* The link came back. Counted once per subscriber (another flow's ACK
+		 * would have ended the gap); the window that spans the outage says
+		 * nothing of capacity: a new one starts, window and rate kept. */
+		out->outage_us = a->now_us - sub->last_ack_us;
+		sub->outages++;
+		sub->win_start_us = a->now_us;
+		sub->win_delivered = 0;
+		sub->win_bulk = 0;
+		sub->win_rtt_min_us = ~0U;
+	} else if (a->rtt_us && a->rtt_us < sub->win_rtt_min_us) {
+		sub->win_rtt_min_us = a->rtt_us;
+	}
+	sub->last_ack_us = a->now_us;
+	__sync_fetch_and_add(&sub->win_delivered, a->acked_bytes);
+	if (!a->app_limited && f->window_id != sub->window_id + 1) {
+		f->window_id = sub->window_id + 1;
+		__sync_fetch_and_add(&sub->win_bulk, 1);
+	}
+	/* The flow filled its window: only then may the window grow (one held
+	 * back by its receiver or its application says nothing of the link). */
+	if (!a->app_limited && a->prior_in_flight * 4 >= a->cwnd * 3)
+		sub->win_full = 1;
+
+	start = sub->win_start_us;
+	if (a->now_us - start >= radio_window_us(min_rtt) &&
+	    __sync_val_compare_and_swap(&sub->win_start_us, start, a->now_us) == start)
+		radio_end_window(sub, start, a->now_us, min_rtt, out);
+	radio_share(sub, min_rtt, a->mss, 0, out);
 }
 
 #endif /* PEP_RADIO_LAW_H */

@@ -41,6 +41,7 @@ from pepctl.runner import Call, Journal, Step, action, daemon_step, wait_for
 
 from .lab import (
     CLIENT,
+    DEFAULT_CONGESTION,
     END_HOST_SYSCTLS,
     ORIGIN,
     REPO,
@@ -107,6 +108,7 @@ vlan = 100
 addresses = ["{c_in}/{SEGMENT["access"].prefixlen}"]
 prefixes = ["{SUBSCRIBERS}"]
 gateways = ["{ra}"]
+congestion = "{getattr(opts, "congestion", DEFAULT_CONGESTION)}"
 [graph.origin]
 vlan = 200
 addresses = ["{s_in}/{SEGMENT["origin"].prefixlen}"]

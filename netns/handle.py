@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEP_LAB = os.path.join(REPO, "scripts", "pep-lab")
 PEPCTL = os.path.join(REPO, "scripts", "pepctl")
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
+METRICS_URL = "http://127.0.0.1:9101/metrics"     # the lab's exporter, in the proxy host's namespace
 if not os.path.exists(PYTHON):
     PYTHON = sys.executable
 
@@ -110,6 +112,12 @@ class LabHandle:
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 
+    def scrape_metrics(self) -> str:
+        """The proxy host's metrics endpoint, as its monitoring scrapes it."""
+        proc = self.run("proxyhost", "curl", "-sS", "-m", "5", METRICS_URL, check=False)
+        assert proc.returncode == 0, f"proxyhost: curl {METRICS_URL}: exit {proc.returncode}: {proc.stderr.strip()}"
+        return proc.stdout
+
     def pepctl(self, *args: str, check: bool = True, timeout: float = 120):
         cmd = ["nsenter", f"--net=/run/netns/{self.netns('proxyhost')}", PEPCTL, "-c",
                os.path.join(self.run_dir, "pep.toml"), *args]
@@ -117,6 +125,15 @@ class LabHandle:
         if check and proc.returncode != 0:
             raise AssertionError(f"pepctl {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
         return proc
+
+
+def metric_value(text: str, name: str, **labels) -> float | None:
+    """The sample of name in Prometheus text whose labels include these, or None."""
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
+        if m and all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
+            return float(m.group(2))
+    return None
 
 
 def wait_until(cond, *, timeout: float, what: str, interval: float = 0.05):

@@ -47,6 +47,8 @@ END_HOST_SYSCTLS = [
     ("net.ipv4.tcp_wmem", "4096 65536 33554432"),
 ]
 OBJECT_SIZES = {"1k": 1024, "100k": 100 * 1024, "1m": 1 << 20, "10m": 10 << 20, "50m": 50 << 20}
+# The access side's congestion control (pep-lab up --congestion): what a proxy host gets by default.
+DEFAULT_CONGESTION = "bbr"
 # A download that outlasts any timed run, even on the fastest profile: sparse (zeros, no memory or
 # disk), so only for loads whose content does not matter.
 ENDLESS_OBJECT = ("1g", 1 << 30)
@@ -237,12 +239,14 @@ class Lab:
         experiment = f"\n[graph.experiment]\ncontrol_fraction = {fraction}\n" if fraction else ""
         # With another engine as the proxy, pepctl's stays off: the graph routes, the engine intercepts.
         proxy = not opts.no_proxy and getattr(opts, "proxy_engine", "haproxy") == "haproxy"
+        congestion = getattr(opts, "congestion", DEFAULT_CONGESTION)
         text = template.substitute(rid=self.rid, run_dir=self.run_dir, proxy=str(proxy).lower(),
                                    interception=opts.interception, ports=ports, splice=opts.splice,
                                    mode=opts.mode, experiment=experiment, threads=getattr(opts, "threads", 0),
-                                   metrics_port=0 if getattr(opts, "no_metrics", False) else 9101)
+                                   metrics_port=0 if getattr(opts, "no_metrics", False) else 9101,
+                                   congestion=congestion)
         proxy = text[text.index("[graph.proxy]"):]
-        return text + "".join(extra_graph(i, proxy) for i in range(2, getattr(opts, "graphs", 1) + 1))
+        return text + "".join(extra_graph(i, proxy, congestion) for i in range(2, getattr(opts, "graphs", 1) + 1))
 
     def origin_steps(self) -> list[Step]:
         og = self.netns("origin")
@@ -380,10 +384,10 @@ class Lab:
 MAX_GRAPHS = 2048
 
 
-def extra_graph(i: int, proxy: str) -> str:
+def extra_graph(i: int, proxy: str, congestion: str = DEFAULT_CONGESTION) -> str:
     """Graph i (2, 3, ...) of a lab brought up with --graphs N: VLANs and subnets of its own, no
     hosts behind it (the benchmarks measure what many graphs cost; tests reload one while another
-    carries traffic). Its proxy settings are graph 1's."""
+    carries traffic). Its proxy settings and access side's congestion control are graph 1's."""
     k = i - 2
     a4 = ipaddress.ip_address("198.18.128.0") + 16 * k
     o4 = ipaddress.ip_address("198.19.128.0") + 16 * k
@@ -393,6 +397,7 @@ name = "g{i}"
 [graph.access]
 vlan = {300 + 2 * k}
 addresses = ["{a4 + 1}/28", "2001:2:0:{0x1000 + i:x}::1/64"]
+congestion = "{congestion}"
 [graph.origin]
 vlan = {301 + 2 * k}
 addresses = ["{o4 + 1}/28", "2001:2:0:{0x8000 + i:x}::1/64"]

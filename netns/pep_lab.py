@@ -9,7 +9,7 @@ import sys
 
 from .cluster import HOSTS_MAX, ClusterLab
 from .engines import ENGINES, MINRELAY
-from .lab import MAX_GRAPHS, Lab, lab_name
+from .lab import DEFAULT_CONGESTION, MAX_GRAPHS, Lab, lab_name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="nginx or minrelay: pepctl's proxy off, that proxy intercepting port 80 with nft in the "
                     "graph, transparent both ways (netns/engines.py; bench proxy's nginx-stream and minrelay)")
     up.add_argument("--mode", choices=("tcp", "http"), default="tcp")
+    up.add_argument("--congestion", default=DEFAULT_CONGESTION, metavar="NAME",
+                    help=f"the access side's congestion control (default {DEFAULT_CONGESTION}): one the kernel offers, "
+                    "or pep_radio (pepctl's own, congestion/: registered by pepctl up, shared by every lab of the "
+                    "host)")
     up.add_argument("--threads", type=int, default=0, metavar="N",
                     help="the proxy's threads (HAProxy) or workers (nginx, minrelay); default 0: one per CPU")
     up.add_argument("--no-metrics", action="store_true", help="no metrics exporter (metrics_port = 0)")

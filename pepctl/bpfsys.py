@@ -52,6 +52,9 @@ BPF_EXIST = 2
 # BPF_OBJ_GET file flags
 BPF_F_RDONLY = 1 << 3
 
+# A congestion control (or other kernel ops table) written in BPF: one key, 0; deleting it unregisters
+BPF_MAP_TYPE_STRUCT_OPS = 26
+
 # Map types whose values are one slot per possible CPU
 PERCPU_MAP_TYPES = {
     5,   # BPF_MAP_TYPE_PERCPU_HASH

@@ -2,8 +2,9 @@
 value, with what to do.
 
 The config's own checks (types, ranges, address kinds, overlaps) are in pepctl/config.py; these
-need the host: the NIC, the kernel's congestion controls, the proxy's user, and that every name
-the plan would make is free. An undo of `up` removes what its journal names (pepctl/runner.py):
+need the host: the NIC, the kernel's congestion controls (and for pepctl's own, pep_radio, that it
+is built and can be registered: pepctl/congestion.py), the proxy's user, and that every name the
+plan would make is free. An undo of `up` removes what its journal names (pepctl/runner.py):
 that is safe only because a name that exists already is refused here, before anything is made.
 """
 
@@ -15,10 +16,11 @@ import os
 import shutil
 import socket
 
-from . import routing, service
-from .config import Config, ConfigError, FieldError
+from . import congestion, routing, service
+from .config import OWN_CONGESTION, Config, ConfigError, FieldError
 from .hostinfo import HostInfo, maxconn_for
-from .names import EXPORTER_UNIT, REGISTER, TRUNK_PREF, graph_names, instance_names, netns_path, unit_name
+from .names import EXPORTER_UNIT, TRUNK_PREF, graph_names, instance_names, netns_path, unit_name
+from .register import register_entry, running_instances
 from .runner import run
 
 
@@ -30,10 +32,13 @@ def problems(cfg: Config, info: HostInfo) -> list[FieldError]:
 
     if not info.nic_exists:
         bad("host.nic", cfg.host.nic, "no such network interface in this namespace; check `ip link`")
-    bad_cc = sorted({s.congctl for g in cfg.graphs for s in (g.access, g.origin)} - info.available_cc)
+    bad_cc = sorted({s.congestion for g in cfg.graphs for s in (g.access, g.origin)} - info.available_cc
+                    - set(OWN_CONGESTION))
     if bad_cc and info.available_cc:
-        bad("graph[].access/origin.congctl", ",".join(bad_cc),
-            f"this kernel offers {' '.join(sorted(info.available_cc))}")
+        bad("graph[].access/origin.congestion", ",".join(bad_cc),
+            f"this kernel offers {' '.join(sorted(info.available_cc))} (and pepctl brings "
+            f"{' '.join(OWN_CONGESTION)})")
+    out += congestion.problems(cfg)
     if any(g.proxy.enabled for g in cfg.graphs):
         if info.proxy_uid is None:
             bad("graph[].proxy.enabled", True, f"the proxy runs as user {info.proxy_user!r} (User= of "
@@ -128,39 +133,6 @@ def nic_taken(cfg: Config) -> list[FieldError]:
                            f"{TRUNK_PREF} that no running instance registered (`tc filter show dev {cfg.host.nic} "
                            "ingress`): remove it if a crashed run left it, or use another NIC")]
     return []
-
-
-def netns_id() -> list[int]:
-    """This process's network namespace, as (device, inode) of /proc/self/ns/net."""
-    st = os.stat("/proc/self/ns/net")
-    return [st.st_dev, st.st_ino]
-
-
-def register_entry(cfg: Config) -> dict:
-    """What the host's register says of an instance that is up: enough to refuse a second one."""
-    n = instance_names(cfg)
-    return {"instance": cfg.host.instance, "config": cfg.path, "run_dir": cfg.host.run_dir, "bpf_dir": cfg.host.bpf_dir,
-            "journal": n.journal, "pins": n.pins, "nic": cfg.host.nic, "netns": netns_id(),
-            "vlans": sorted(v for g in cfg.graphs for v in (g.access.vlan, g.origin.vlan)),
-            "metrics": [cfg.host.metrics_address, cfg.host.metrics_port]}
-
-
-def running_instances() -> list[dict]:
-    """Entries of the register whose journal still exists (an entry without is a crashed run's)."""
-    out = []
-    try:
-        names = sorted(os.listdir(REGISTER))
-    except FileNotFoundError:
-        return []
-    for name in names:
-        try:
-            with open(os.path.join(REGISTER, name)) as f:
-                entry = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if os.path.exists(entry.get("journal", "")):
-            out.append(entry)
-    return out
 
 
 def conflicts(cfg: Config) -> list[FieldError]:

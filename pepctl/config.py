@@ -30,6 +30,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
+from . import radio_maps
 from .routing import Member, Peer, Routing
 
 Iface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
@@ -43,8 +44,9 @@ class Side:
     addresses: tuple[Iface, ...]
     prefixes: tuple[Net, ...]
     gateways: tuple[Addr, ...]
-    congctl: str
+    congestion: str                           # the routes' congctl: every connection on this side runs it
     initcwnd: int                             # initial congestion window (segments); 0 = the kernel's (10)
+    queue_target_ms: int = 0                  # pep_radio's queueing delay target; 0 when not pep_radio
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,7 @@ class Config:
     host: Host
     graphs: tuple[Graph, ...]
     routing: Routing | None = None      # several hosts behind routers (pepctl/routing.py); None: one host
+    notices: tuple[str, ...] = ()       # what the config should change but still works (deprecated keys)
 
 
 @dataclass(frozen=True)
@@ -195,7 +198,7 @@ GRAPH_KEYS = ("name", "access", "origin", "proxy", "bypass", "experiment")
 EXPERIMENT_KEYS = ("control_fraction", "seed")
 CONTROL_FRACTION_MAX = 0.5    # a control group larger than the treated one is a bypass rule
 BYPASS_KEYS = ("clients", "servers", "ports")
-SIDE_KEYS = ("vlan", "addresses", "prefixes", "gateways", "congctl", "initcwnd")
+SIDE_KEYS = ("vlan", "addresses", "prefixes", "gateways", "congestion", "congctl", "initcwnd", "queue_target_ms")
 PROXY_DEFAULTS: dict[str, Any] = {
     "enabled": True,
     "interception": "bpf",
@@ -207,7 +210,11 @@ PROXY_DEFAULTS: dict[str, Any] = {
     "log_connections": False,
 }
 PROXY_KEYS = tuple(PROXY_DEFAULTS)
-DEFAULT_CONGCTL = {"access": "bbr", "origin": "cubic"}
+DEFAULT_CONGESTION = {"access": "bbr", "origin": "cubic"}
+# Congestion controls pepctl brings itself: no kernel offers them before `up` registers them
+# (pepctl/congestion.py). pep_radio keeps its state per subscriber, the access side's peers.
+OWN_CONGESTION = (radio_maps.NAME,)
+QUEUE_TARGET_MS_MAX = 1000
 # BBR paces its start-up; from the kernel's initial window of 10 it needs about two more round
 # trips than an unpaced CUBIC slow start to deliver 1 MB (measured in the lab: 0.83 of end-to-end
 # goodput at 20 ms RTT). 32 segments, paced, make the split flow start as fast as the flow it
@@ -509,6 +516,7 @@ class _Reader:
         self.lines = _line_index(text)
         self.available_cc = available_cc
         self.errors: list[FieldError] = []
+        self.notices: list[str] = []
 
     def line(self, field: str) -> int | None:
         # graph[1].access.addresses[2] -> graph[1].access.addresses -> graph[1].access -> graph[1]
@@ -770,20 +778,63 @@ class _Reader:
         gateways = self.gateways(raw, path, addresses)
         if BAD not in (prefixes, gateways, addresses):
             self.unreachable_prefixes(path, addresses, prefixes, gateways)
-        congctl = self.get(raw, path, "congctl", _STR, DEFAULT_CONGCTL[name])
-        if congctl is not BAD:
-            if not CONGCTL_RE.fullmatch(congctl):
-                congctl = self.error(f"{path}.congctl", congctl, "not a congestion control name; "
-                                     "see /proc/sys/net/ipv4/tcp_available_congestion_control")
-            elif self.available_cc is not None and congctl not in self.available_cc:
-                congctl = self.error(f"{path}.congctl", congctl, "this kernel does not offer it; use one of "
-                                     f"{', '.join(sorted(self.available_cc))}")
+        congestion = self.congestion(raw, path, name)
         initcwnd = self.get(raw, path, "initcwnd", _INT, DEFAULT_INITCWND[name])
         if initcwnd is not BAD and not 0 <= initcwnd <= MAX_INITCWND:
             initcwnd = self.error(f"{path}.initcwnd", initcwnd, f"use 0 for the kernel's initial window (10 "
                                   f"segments), or 1-{MAX_INITCWND}")
-        parts = [vlan, addresses, prefixes, gateways, congctl, initcwnd]
+        target = self.queue_target(raw, path, name, congestion)
+        parts = [vlan, addresses, prefixes, gateways, congestion, initcwnd, target]
         return BAD if any(p is BAD for p in parts) else Side(*parts)
+
+    def congestion(self, raw: dict, path: str, side: str) -> str | Any:
+        """The side's congestion control: `congestion`, or its old name `congctl` (with a notice)."""
+        key = "congestion"
+        if "congctl" in raw:
+            if "congestion" in raw:
+                return self.error(f"{path}.congctl", raw["congctl"], f"given with {path}.congestion = "
+                                  f"{toml_value(raw['congestion'])}; congctl is the old name of congestion: keep only "
+                                  "`congestion`")
+            key = "congctl"
+            line = self.line(f"{path}.congctl")
+            self.notices.append(f"{self.path}{f':{line}' if line else ''}: {path}.congctl is deprecated: rename it to "
+                                f"`congestion` (same values)")
+        field = f"{path}.{key}"
+        cc = self.get(raw, path, key, _STR, DEFAULT_CONGESTION[side])
+        if cc is BAD:
+            return BAD
+        if not CONGCTL_RE.fullmatch(cc):
+            return self.error(field, cc, "not a congestion control name; see "
+                              "/proc/sys/net/ipv4/tcp_available_congestion_control")
+        if cc == radio_maps.NAME and side != "access":
+            return self.error(field, cc, f"{cc} is the access side's congestion control: it keeps its state per "
+                              "subscriber (a socket's peer), and toward the origin the peers are servers; use "
+                              f"\"{DEFAULT_CONGESTION[side]}\" (the default) or \"bbr\" here")
+        if cc not in OWN_CONGESTION and self.available_cc is not None and cc not in self.available_cc:
+            return self.error(field, cc, f"this kernel does not offer it; use one of "
+                              f"{', '.join(sorted(self.available_cc))}, or {' '.join(OWN_CONGESTION)} "
+                              "(pepctl's own, registered by `up`)")
+        return cc
+
+    def queue_target(self, raw: dict, path: str, side: str, congestion: Any) -> int | Any:
+        """[graph.access] queue_target_ms: pep_radio's target; 0 (unused) for any other."""
+        field = f"{path}.queue_target_ms"
+        default = radio_maps.TARGET_US // 1000
+        value = self.get(raw, path, "queue_target_ms", _INT, default)
+        if value is BAD:
+            return BAD
+        given = "queue_target_ms" in raw
+        if given and side != "access":
+            return self.error(field, value, "only the access side runs pep_radio, which holds a queue delay target; "
+                              "remove queue_target_ms here (put it under [graph.access])")
+        if given and congestion is not BAD and congestion != radio_maps.NAME:
+            return self.error(field, value, f"only pep_radio holds a queue delay target, and this side's congestion "
+                              f"is {toml_value(congestion)}: set congestion = \"{radio_maps.NAME}\" in "
+                              f"[{_header(path)}], or remove queue_target_ms")
+        if not 1 <= value <= QUEUE_TARGET_MS_MAX:
+            return self.error(field, value, f"use 1-{QUEUE_TARGET_MS_MAX} milliseconds of queueing delay for "
+                              f"pep_radio to hold in the radio's buffer (default {default})")
+        return value if congestion == radio_maps.NAME else 0
 
     def strings(self, raw: dict, path: str, key: str, default: Any) -> list[tuple[str, Any]] | Any:
         """A list of strings as (field path, value) pairs; bad items are reported and left out."""
@@ -1361,7 +1412,7 @@ def parse(text: str, path: str, *, available_cc: set[str] | None = None, host_on
     if r.errors:
         # In file order, so they read alongside the file; unplaceable ones first.
         raise ConfigError(sorted(r.errors, key=lambda e: e.line or 0))
-    return Config(path, host, tuple(graphs), routing)
+    return Config(path, host, tuple(graphs), routing, tuple(r.notices))
 
 
 def load(path: str, *, available_cc: set[str] | None = None, host_only: bool = False) -> Config:

@@ -15,6 +15,9 @@ through its stats socket, the supervisor's state. What a background loop keeps, 
     counted, and appended to the instance's experiment log for `pepctl report`;
   - every tcp_sample.SAMPLE_INTERVAL seconds, a bounded sample of the proxy sockets of up to
     SAMPLE_BATCH graphs (the next ones each round) into the per-side TCP histograms.
+A scrape also reads pep_radio's statistics of each graph whose access side runs it (one lookup
+of its radio_stats entry, pepctl/radio_maps.py): its counters, its histograms as the BPF program
+keeps them, and the subscribers active in the last complete epoch.
 What the loop costs is bounded by those batches, not by the number of graphs or connections.
 The instance's config is the one its journal says `up` or `reload` installed; a reload is picked
 up at the next second.
@@ -34,9 +37,9 @@ import time
 from haproxy import stats as haproxy_stats
 
 from . import config as configmod
-from . import experiment, flow_maps, nsutil, service, steering, tcp_sample
+from . import congestion, experiment, flow_maps, nsutil, radio_maps, service, steering, tcp_sample
 from .metrics import BUCKETS, CATALOGUE
-from .names import graph_names, instance_names
+from .names import congestion_pins, graph_names, instance_names, netns_path
 from .runner import Journal, remove_file, write_file
 from .status import listen_ports
 
@@ -61,13 +64,20 @@ TABLE_EVENTS = {"flows_promoted": "promoted", "flows_stale": "stale", "flows_tab
                 "records_dropped": "record_dropped", "flows_measured": "measured"}
 assert set(FLOW_VERDICTS) | set(PACKET_REASONS) | set(TABLE_EVENTS) == set(flow_maps.COUNTERS), \
     "every counter of tc/pep_flow.h has its metric"
+# struct radio_graph_stats counters -> metric (outage_us, the sums and the buckets make the rest).
+RADIO_COUNTERS = {"flows_started": "pep_radio_flows_started_total", "flows_ended": "pep_radio_flows_ended_total",
+                  "flows_warm": "pep_radio_flows_warm_started_total",
+                  "subscribers_new": "pep_radio_subscribers_new_total", "outages": "pep_radio_outages_total",
+                  "windows": "pep_radio_control_windows_total"}
 
 
 class Histogram:
-    def __init__(self, bounds: tuple[float, ...]):
+    def __init__(self, bounds: tuple[float, ...], counts: list[int] | None = None, total: float = 0.0,
+                 count: int | None = None):
         self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
+        self.counts = counts or [0] * (len(bounds) + 1)   # the last one: above every bound
+        self.sum = total
+        self.count = count      # _count when it is kept apart from the buckets (pep_radio's windows)
 
     def observe(self, v: float) -> None:
         i = 0
@@ -102,7 +112,7 @@ class Exposition:
             le = "+Inf" if bound == float("inf") else _num(bound)
             self.samples[name].append(f"{name}_bucket{_labels((*names, 'le'), (*values, le))} {cum}")
         self.samples[name].append(f"{name}_sum{_labels(names, values)} {_num(h.sum)}")
-        self.samples[name].append(f"{name}_count{_labels(names, values)} {cum}")
+        self.samples[name].append(f"{name}_count{_labels(names, values)} {cum if h.count is None else h.count}")
 
     def text(self) -> str:
         out = []
@@ -272,6 +282,7 @@ class Exporter:
                     e.add("pep_flow_table_events_total", (g.name, TABLE_EVENTS[key]), v)
             e.add("pep_experiment_control_fraction", (g.name,), g.experiment.control_fraction)
         self.proxy_metrics(e, cfg, proxied)
+        radio_metrics(e, cfg)
         with self.lock:
             for g in proxied:
                 if g.name in self.failopen:
@@ -317,6 +328,44 @@ class Exporter:
                 e.add("pep_proxy_queue", (g.name,), _int(be["qcur"]))
                 e.add("pep_proxy_errors_total", (g.name, "connect"), _int(be["econ"]))
                 e.add("pep_proxy_errors_total", (g.name, "response"), _int(be["eresp"]))
+
+
+def radio_metrics(e: Exposition, cfg) -> None:
+    """pep_radio's statistics of each graph whose access side runs it. Before its first socket a
+    graph has no entry: its counters are 0."""
+    graphs = congestion.radio_graphs(cfg)
+    if not graphs:
+        return
+    for g in graphs:
+        e.add("pep_radio_queue_target_seconds", (g.name,), g.access.queue_target_ms / 1000)
+    try:
+        m = radio_maps.open_stats(congestion_pins(radio_maps.NAME))
+    except (OSError, ValueError):
+        return      # not registered (status says so), or a layout this pepctl does not speak
+    with m:
+        for g in graphs:
+            try:
+                st = radio_maps.stats_of(m, netns_path(graph_names(cfg, g).netns))
+            except (OSError, ValueError):
+                continue
+            radio_graph_metrics(e, g.name, st or radio_maps.STATS.zero())
+
+
+def radio_graph_metrics(e: Exposition, graph: str, st: dict) -> None:
+    """One graph's radio_stats entry as metrics: counters, the BPF program's histograms (_count:
+    the windows counted), and the subscribers active in the last complete epoch."""
+    for key, name in RADIO_COUNTERS.items():
+        e.add(name, (graph,), st[key])
+    e.add("pep_radio_outage_seconds_total", (graph,), st["outage_us"] / 1e6)
+    e.histogram("pep_radio_queue_delay_seconds", (graph,),
+                Histogram(BUCKETS["pep_radio_queue_delay_seconds"], list(st["qdelay_bucket"]),
+                          st["qdelay_sum_us"] / 1e6, st["windows"]))
+    e.histogram("pep_radio_rate_bytes_per_second", (graph,),
+                Histogram(BUCKETS["pep_radio_rate_bytes_per_second"], list(st["rate_bucket"]), st["rate_sum"],
+                          st["windows"]))
+    n, rate = radio_maps.active(st)
+    e.add("pep_radio_subscribers_active", (graph,), n)
+    e.add("pep_radio_subscriber_rate_mean_bytes_per_second", (graph,), rate)
 
 
 def next_batch(items: list, cursor: int, size: int) -> tuple[list, int]:

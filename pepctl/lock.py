@@ -6,6 +6,9 @@ with --no-wait (wait 0) exits at once saying the same. The lock is flock(2) on
 run_dir/INSTANCE.lock: the kernel releases it when its holder dies, so a killed command never
 leaves the instance locked. `down` removes the file while holding it; a waiter that then gets
 the lock of a removed file opens the path again.
+
+The same lock, on another file, serializes what instances share on a host: registering and
+unregistering a congestion control of pepctl's own (pepctl/congestion.py, names.CONGESTION_LOCK).
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ def _holder(fd: int) -> str:
 
 
 class InstanceLock:
-    def __init__(self, path: str, instance: str, command: str, *, wait: float = 600, out=sys.stderr):
+    def __init__(self, path: str, instance: str, command: str, *, wait: float = 600, out=sys.stderr,
+                 what: str | None = None):
         self.path, self.instance, self.command, self.wait, self.out = path, instance, command, wait, out
+        self.what = what or f"instance {instance}"     # what the lock guards, as messages name it
         self.fd: int | None = None
 
     def __enter__(self) -> InstanceLock:
@@ -50,11 +55,10 @@ class InstanceLock:
                 who = _holder(fd)
                 os.close(fd)
                 if time.monotonic() >= deadline:
-                    raise LockBusy(f"instance {self.instance} is locked by {who}; try again when it "
+                    raise LockBusy(f"{self.what} is locked by {who}; try again when it "
                                    f"has finished (lock file {self.path})") from None
                 if not told:
-                    print(f"pepctl {self.command}: waiting for {who} to finish with instance "
-                          f"{self.instance}", file=self.out)
+                    print(f"pepctl {self.command}: waiting for {who} to finish with {self.what}", file=self.out)
                     told = True
                 time.sleep(0.1)
                 continue

@@ -14,11 +14,17 @@ Label values:
   reason     steering's trunk reasons (tc/pep_steer.h) and the datapath's packet reasons
   group      the experiment's groups: treated (proxied), control (bypassed)
   size       the experiment's flow size classes (pepctl/experiment.py SIZE_CLASSES)
+
+pep_radio_*: graphs whose access side runs pep_radio (congestion/radio.h, read from its
+radio_stats map). Its histograms' buckets are the header's (pepctl/radio_maps.py); each control
+window of each subscriber is one sample.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from . import radio_maps
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,28 @@ CATALOGUE = {m.name: m for m in (
     Metric("pep_experiment_bytes_total", "counter", ("graph", "group", "size"), "bytes downloaded by measured flows"),
     Metric("pep_experiment_seconds_total", "counter", ("graph", "group", "size"),
            "completion time of measured flows: first SYN to the last acknowledgement"),
+    # pep_radio, the access side's congestion control (congestion/radio.h)
+    Metric("pep_radio_queue_target_seconds", "gauge", G,
+           "queueing delay pep_radio holds in the subscribers' radio buffers ([graph.access] queue_target_ms)"),
+    Metric("pep_radio_flows_started_total", "counter", G, "access-side connections that started with pep_radio"),
+    Metric("pep_radio_flows_ended_total", "counter", G, "access-side connections with pep_radio that ended"),
+    Metric("pep_radio_flows_warm_started_total", "counter", G,
+           "connections that started at their subscriber's known rate (another flow's estimate), not from startup"),
+    Metric("pep_radio_subscribers_new_total", "counter", G, "subscribers pep_radio started an estimate for (new, "
+           f"or not heard from for {radio_maps.STALE_US / 1e6:g} s)"),
+    Metric("pep_radio_outages_total", "counter", G, f"radio outages: no ACK for {radio_maps.OUTAGE_US / 1e3:g} ms "
+           "or more with data in flight, counted once per subscriber"),
+    Metric("pep_radio_outage_seconds_total", "counter", G, "the outages' total length"),
+    Metric("pep_radio_control_windows_total", "counter", G,
+           "control windows ended (about one minimum RTT of a subscriber): each is a sample of the histograms"),
+    Metric("pep_radio_queue_delay_seconds", "histogram", G,
+           "standing queueing delay of a subscriber's control window: its least RTT over the minimum RTT"),
+    Metric("pep_radio_rate_bytes_per_second", "histogram", G,
+           "a subscriber's estimated delivery rate at the end of a control window"),
+    Metric("pep_radio_subscribers_active", "gauge", G,
+           f"subscribers heard from in the last complete epoch ({radio_maps.EPOCH_US / 1e6:g} s)"),
+    Metric("pep_radio_subscriber_rate_mean_bytes_per_second", "gauge", G,
+           "mean estimated rate of the subscribers active in the last complete epoch"),
     Metric("pep_exporter_scrape_seconds", "gauge", (), "time the last scrape took"),
 )}
 
@@ -85,4 +113,7 @@ BUCKETS = {
     "pep_tcp_delivery_rate_bytes_per_second": (1e4, 1e5, 3e5, 1e6, 3e6, 1e7, 3e7, 1e8, 1e9),
     "pep_tcp_retransmit_ratio": (0.0, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5),
     "pep_tcp_socket_bytes": (1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9),
+    # The BPF program's own buckets (the last one, +Inf, is implied here as for the others).
+    "pep_radio_queue_delay_seconds": tuple(b / 1e6 for b in radio_maps.QDELAY_BOUNDS_US if b),
+    "pep_radio_rate_bytes_per_second": tuple(float(b) for b in radio_maps.RATE_BOUNDS if b),
 }

@@ -24,7 +24,12 @@ the lab all find the same things. Every name carries the instance name, so two i
     host links INSTANCEc<vlan>, INSTANCEs<vlan>   the host's ends of c_in and s_in
     nft table pep_INSTANCE          inside a graph's namespace (mode nft)
     systemd units pep-supervisor@<run folder, escaped>.service, pep-exporter@<the same>.service
-    /run/pep-instances/INSTANCE.json   the host's register of running instances (pepctl/checks.py)
+    /run/pep-instances/INSTANCE.json   the host's register of running instances (pepctl/register.py)
+
+Host-wide, shared by every instance that uses them (pepctl/congestion.py):
+    /sys/fs/bpf/pep-congestion/NAME/   a congestion control pepctl registered (pep_radio): its maps
+                                    and its struct_ops map, pinned; removed by the last user's `down`
+    /run/pep-congestion.lock        held while one registers or unregisters one
 """
 
 from __future__ import annotations
@@ -48,6 +53,10 @@ FLOW_PREF = 20         # ... of flow_ingress on c_in / s_in
 SUPERVISOR_UNIT = "pep-supervisor@.service"
 EXPORTER_UNIT = "pep-exporter@.service"
 REGISTER = "/run/pep-instances"   # one file per instance that is up (or coming up), whatever its run_dir
+# Congestion controls are host-wide: their pins and lock are the host's, not an instance's (whose
+# bpf_dir may differ), so every instance finds the one registration.
+CONGESTION_DIR = "/sys/fs/bpf/pep-congestion"
+CONGESTION_LOCK = "/run/pep-congestion.lock"
 
 
 @dataclass(frozen=True)
@@ -168,6 +177,11 @@ def systemd_escape_path(path: str) -> str:
         else:
             out.extend(f"\\x{b:02x}" for b in ch.encode())
     return "".join(out) or "-"
+
+
+def congestion_pins(cc: str) -> str:
+    """Where the congestion control cc (one pepctl registers) pins its maps."""
+    return os.path.join(CONGESTION_DIR, cc)
 
 
 def netns_path(ns: str) -> str:

@@ -2,12 +2,15 @@
 
 Per host:   bpffs; the pin folder with the steering programs (tc/steer.o) and, when a graph is
             proxied, the flow program (tc/flow.o): one load of each, shared by every graph;
-            the instance's folders; clsact on the NIC; host tuning.
+            the instance's folders; clsact on the NIC; host tuning; the congestion controls of
+            pepctl's own that a side selects (pep_radio: registered once per host, before any
+            route names it, and shared with other instances: pepctl/congestion.py).
 Per graph:  namespace INSTANCE-NAME with c_in and s_in (ifindexes of its slot, see
-            tc/pep_flow.h), their host ends INSTANCEc<vlan> and INSTANCEs<vlan>; addresses,
-            routes with each side's congctl and initcwnd; the VLAN <-> port entries of the
-            steering maps and port_ingress on both ports; when proxied, interception (bpf, nft
-            or route), the graph's entries in the flow maps, and flow_ingress on c_in and s_in.
+            tc/pep_flow.h), their host ends INSTANCEc<vlan> and INSTANCEs<vlan>; pep_radio's
+            parameters for the namespace when its access side runs it; addresses, routes with
+            each side's congestion control (congctl) and initcwnd; the VLAN <-> port entries of
+            the steering maps and port_ingress on both ports; when proxied, interception (bpf,
+            nft or route), the graph's entries in the flow maps, and flow_ingress on c_in and s_in.
 Then:       one HAProxy config for every graph, the supervisor that runs HAProxy, and last
             trunk_ingress on the NIC: traffic arrives only when everything is in place.
 
@@ -24,7 +27,7 @@ import socket
 
 from haproxy.render import STATS_ENV, GraphProxy, Process, render
 
-from . import bypass, checks, experiment, flow_maps, nsutil, routing, service, steering
+from . import bypass, congestion, experiment, flow_maps, nsutil, register, routing, service, steering
 from .config import Config, ConfigError, FieldError, Graph, Side
 from .hostinfo import HostInfo, maxconn_for
 from .names import (
@@ -42,7 +45,7 @@ from .names import (
     instance_names,
 )
 from .render_nft import render_nft
-from .runner import Call, Step, StepError, action, daemon_step, remove_file, run, run_json, wait_for, write_file
+from .runner import Call, Step, StepError, action, daemon_step, note, remove_file, run, run_json, wait_for, write_file
 from .tuning import tuning_steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -187,8 +190,9 @@ def _gateway(side: Side, version: int):
 
 
 def route_lines(cfg: Config, g: Graph) -> list[str]:
-    """Addresses without kernel prefix routes, then one route per prefix with its side's congctl
-    and initial congestion window (both route metrics: every connection on that side takes them)."""
+    """Addresses without kernel prefix routes, then one route per prefix with its side's congestion
+    control and initial congestion window (both route metrics, congctl and initcwnd: every
+    connection on that side takes them)."""
     lines, errors = [], []
     for side_name, side, dev in (("access", g.access, C_IN), ("origin", g.origin, S_IN)):
         window = f" initcwnd {side.initcwnd}" if side.initcwnd else ""
@@ -200,7 +204,7 @@ def route_lines(cfg: Config, g: Graph) -> list[str]:
             if not any(addr.network.subnet_of(net) and _onlink(side, net) for net in side.prefixes
                        if net.version == addr.version):
                 lines.append(f"route replace {addr.network} dev {dev} scope link src {addr.ip} proto static "
-                             f"congctl {side.congctl}{window}")
+                             f"congctl {side.congestion}{window}")
         for i, net in enumerate(side.prefixes):
             if _onlink(side, net):
                 src = next(a.ip for a in side.addresses if a.version == net.version and net.subnet_of(a.network))
@@ -213,7 +217,7 @@ def route_lines(cfg: Config, g: Graph) -> list[str]:
                                              f"side; add one to graph[{g.index}].{side_name}.gateways"))
                     continue
                 via = f"via {gw} dev {dev}"
-            lines.append(f"route replace {net} {via} proto static congctl {side.congctl}{window}")
+            lines.append(f"route replace {net} {via} proto static congctl {side.congestion}{window}")
     if errors:
         raise ConfigError(errors)
     return lines
@@ -438,7 +442,7 @@ def register_steps(cfg: Config) -> list[Step]:
     """The host's register of running instances: what checks.conflicts reads. The folder is shared
     by the instances of the host: whichever leaves it empty removes it."""
     n = instance_names(cfg)
-    text = json.dumps(checks.register_entry(cfg), indent=1) + "\n"
+    text = json.dumps(register.register_entry(cfg), indent=1) + "\n"
     return [Step(f"register instance {cfg.host.instance} in {REGISTER}",
                  Call("register", (n.register, text), f"mkdir -p {REGISTER} && cat > {n.register} <<'EOF'\n"
                       f"{text.rstrip()}\nEOF"),
@@ -462,8 +466,13 @@ def _unregister(path: str) -> None:
 
 def build(cfg: Config, info: HostInfo) -> list[Step]:
     n = instance_names(cfg)
-    steps = register_steps(cfg) + host_steps(cfg, info)
+    steps = [note("the config", text) for text in cfg.notices]
+    steps += register_steps(cfg) + host_steps(cfg, info)
+    # Before any route names it (the kernel refuses `congctl` of a name it lacks).
+    steps += congestion.steps(cfg)
     steps.append(namespaces_step(cfg))
+    for g in cfg.graphs:
+        steps += congestion.graph_steps(cfg, g)
     for g in cfg.graphs:
         steps += graph_steps(cfg, g)
     steps.append(ports_up_step(cfg))

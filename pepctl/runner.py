@@ -359,37 +359,41 @@ def _gone_only(err: str) -> bool:
     return bool(lines) and all(any(g in x for g in GONE) for x in lines)
 
 
-def run_undo(entry: dict) -> str | None:
-    """Run one journal undo; return an error text, or None. "Already gone" is success."""
+def run_undo(entry: dict) -> tuple[str | None, str | None]:
+    """Run one journal undo; return (an error text or None, a notice or None). "Already gone" is
+    success. An action's notice is the text it returns (a folder left because it holds files that
+    are not ours; a shared registration kept for others)."""
     if "call" in entry:
         try:
-            ACTIONS[entry["call"]](*entry["args"])
+            result = ACTIONS[entry["call"]](*entry["args"])
         except (FileNotFoundError, ProcessLookupError):
-            return None
+            return None, None
         except (OSError, StepError, ValueError, KeyError) as e:
-            return f"{entry.get('show', entry['call'])}: {e}"
-        return None
+            return f"{entry.get('show', entry['call'])}: {e}", None
+        return None, result if isinstance(result, str) else None
     proc = run(entry["argv"], check=False, input=entry.get("input"))
     if proc.returncode == 0:
-        return None
+        return None, None
     err = (proc.stderr or proc.stdout).strip()
     if _gone_only(err):
-        return None
-    return f"{shlex.join(entry['argv'])}: {err}"
+        return None, None
+    return f"{shlex.join(entry['argv'])}: {err}", None
 
 
-def _do(step: Step) -> None:
+def _do(step: Step) -> str | None:
+    """Runs a step; returns the notice an in-process action gave (the text it returned), if any."""
     if isinstance(step.run, Call):
         try:
-            ACTIONS[step.run.name](*step.run.args)
+            result = ACTIONS[step.run.name](*step.run.args)
         except (OSError, ValueError) as e:
             raise StepError(f"{step.what}: {e}") from None
-        return
+        return result if isinstance(result, str) else None
     proc = run(step.run, check=False, input=step.input)
     if proc.returncode != 0:
         err = (proc.stderr or proc.stdout).strip()
         if not any(t in err for t in step.tolerate):
             raise StepError(f"{step.what}: {shlex.join(step.run)}: {err}")
+    return None
 
 
 def apply(steps: list[Step], journal: Journal, *, log: Callable[[str], None] = print) -> int:
@@ -407,9 +411,11 @@ def apply(steps: list[Step], journal: Journal, *, log: Callable[[str], None] = p
             entry = step.undo_entry()
             if entry is not None:
                 journal.add_undo(entry)
-            _do(step)
+            notice = _do(step)
             ran += 1
             log(f"  {step.what}")
+            if notice:
+                log(f"  notice: {notice}")
     except BaseException:
         log("failed: rolling back what was made")
         for e in undo_all(journal, log=log):
@@ -421,19 +427,13 @@ def apply(steps: list[Step], journal: Journal, *, log: Callable[[str], None] = p
 def undo_all(journal: Journal, *, log: Callable[[str], None] = print) -> list[str]:
     """Run the journal's undos newest first; keep going past errors and return them. An undo that
     failed stays in the journal, so running `down` again retries it. Notices (a folder left
-    because it holds files that are not ours) are logged, not errors."""
+    because it holds files that are not ours, a registration others still use) are logged, not
+    errors."""
     errors, failed = [], []
     done = 0
     while journal.undo:
         entry = journal.undo.pop()
-        notice = err = None
-        if entry.get("call") == "rmdir":
-            try:
-                notice = remove_dir(*entry["args"])
-            except OSError as e:
-                err = f"{entry.get('show')}: {e}"
-        else:
-            err = run_undo(entry)
+        err, notice = run_undo(entry)
         if err:
             errors.append(err)
             failed.append(entry)

@@ -5,6 +5,11 @@ What new flows of a graph get is not a stored flag: the datapath proxies a new f
 graph's listener exists and forwards it (fail-open) when it does not (tc/pep_flow.h). So status
 asks the kernel whether the listener exists, in the graph's namespace, and says "proxy" or
 "fail-open" from that, the same fact the datapath decides by.
+
+A graph whose access side runs pep_radio gets one more line, from its radio_stats entry
+(pepctl/radio_maps.py): subscribers active in the last complete epoch and their mean estimated
+rate, the queueing delay held (mean and p95 of every control window since the graph's first
+socket), outages and warm starts.
 """
 
 from __future__ import annotations
@@ -15,9 +20,9 @@ import time
 
 from haproxy import stats
 
-from . import bypass, drain, nsutil, service, steering
+from . import bypass, congestion, drain, nsutil, radio_maps, service, steering
 from .config import Config, Graph
-from .names import graph_names, instance_names, netns_path
+from .names import congestion_pins, graph_names, instance_names, netns_path
 from .runner import Journal, StepError, run_json
 
 
@@ -37,6 +42,14 @@ def problems(cfg: Config) -> list[str]:
             found += [f"graph {g.name}: an {p['family']} packet socket is open in {gn.netns}, held by {p['held_by']}: "
                       "the kernel drops the socket the tc program gives each new flow, and resets the flow; close it "
                       "(tcpdump is harmless), or use interception nft" for p in nsutil.ip_packet_sockets(gn.netns)]
+    for cc in congestion.used(cfg):
+        try:
+            state = congestion.registration(cc)
+        except OSError as e:
+            state = f"unknown ({e})"
+        if state != "pepctl":
+            found.append(f"congestion control {cc} is not registered by pepctl ({state}): routes that name it "
+                         "give new connections the kernel's default instead")
     if any(g.proxy.enabled for g in cfg.graphs):
         procs = service.processes(n)
         if not procs["haproxy"]["running"]:
@@ -123,6 +136,9 @@ def collect(cfg: Config) -> dict:
             entry["proxy"]["haproxy"] = hap.get(gn.proxy, {}) if "error" not in hap else hap
             entry["flows"] = _safe(bypass.counters, cfg, g)
             entry["experiment"] = {"control_fraction": g.experiment.control_fraction, "seed": g.experiment.seed}
+        entry["congestion"] = {"access": g.access.congestion, "origin": g.origin.congestion}
+        if g.access.congestion == radio_maps.NAME:
+            entry["radio"] = _safe(radio_report, g, gn.netns)
         report["graphs"].append(entry)
     if cfg.routing is not None:
         report["routing"] = _safe(drain.report, cfg)
@@ -134,6 +150,21 @@ def collect(cfg: Config) -> dict:
     report["trunk"] = {"nic": _safe(nic_counters, cfg.host.nic),
                        "reasons": _safe(steering.reason_counters, n.steer_pins)}
     return report
+
+
+def radio_report(g: Graph, netns: str) -> dict:
+    """pep_radio in a graph: what its statistics say since the graph's first socket."""
+    st = radio_maps.read_stats(congestion_pins(radio_maps.NAME), netns_path(netns))
+    if st is None:
+        st = radio_maps.STATS.zero()   # no socket yet
+    active, rate = radio_maps.active(st)
+    qdelay = radio_maps.buckets(radio_maps.QDELAY_BOUNDS_US, st["qdelay_bucket"], 1e6)
+    return {"queue_target_seconds": g.access.queue_target_ms / 1000, "subscribers_active": active,
+            "rate_mean_bytes_per_second": rate, "control_windows": st["windows"],
+            "queue_delay_mean_seconds": st["qdelay_sum_us"] / 1e6 / st["windows"] if st["windows"] else None,
+            "queue_delay_p95_seconds": radio_maps.quantile(0.95, qdelay),
+            "outages": st["outages"], "outage_seconds": st["outage_us"] / 1e6, "flows_started": st["flows_started"],
+            "flows_warm": st["flows_warm"], "subscribers_new": st["subscribers_new"]}
 
 
 def nic_counters(nic: str) -> dict[str, int]:
@@ -172,6 +203,8 @@ def print_table(report: dict, out) -> None:
             c = g["steering"][side]
             print(f"  {g['name']:<12} {vid:>5} {side:<7} {c.get('in_packets', 0):>12} {c.get('in_bytes', 0):>14} "
                   f"{c.get('out_packets', 0):>12} {c.get('out_bytes', 0):>14}", file=out)
+        if "radio" in g:
+            print(f"  {g['name']:<12} {radio_line(g['radio'])}", file=out)
         p = g["proxy"]
         if not p["enabled"]:
             print(f"  {g['name']:<12} proxy disabled: the namespace routes only", file=out)
@@ -210,3 +243,17 @@ def print_table(report: dict, out) -> None:
               + (", ".join(f"{k} {v}" for k, v in lost.items()) or "none"), file=out)
     if any(v for k, v in reasons.items() if k != "error"):
         print("  trunk_ingress: " + ", ".join(f"{k} {v}" for k, v in reasons.items() if v), file=out)
+
+
+def radio_line(r: dict) -> str:
+    if "error" in r:
+        return f"pep_radio: {r['error']}"
+    return (f"pep_radio: {r['subscribers_active']} subscribers active, {r['rate_mean_bytes_per_second'] * 8 / 1e6:.1f} "
+            f"Mbit/s mean estimated rate; queue delay held {_ms(r['queue_delay_mean_seconds'])} mean, "
+            f"{_ms(r['queue_delay_p95_seconds'])} p95 (target {_ms(r['queue_target_seconds'])}, "
+            f"{r['control_windows']} windows); outages {r['outages']} ({r['outage_seconds']:.1f} s); "
+            f"warm starts {r['flows_warm']} of {r['flows_started']} flows")
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"

@@ -16,6 +16,9 @@ import time
 import pytest
 
 from netns.handle import LabHandle
+from pepctl import congestion
+from pepctl.names import CONGESTION_DIR, CONGESTION_LOCK, congestion_pins
+from pepctl.register import users_of
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -54,7 +57,25 @@ def _snapshot() -> dict[str, set[str]]:
             # Folders pepctl makes on the host, and its crash log: none may appear during a test run.
             "host folders": {d for d in ("/run/pep", "/run/peplab", "/run/pep-instances", "/var/log/pep")
                              if os.path.exists(d)},
+            "congestion controls": _own_congestion(),
             "processes": procs, "links": links}
+
+
+def _own_congestion() -> set[str]:
+    """pepctl's own congestion controls (pep_radio) registered or pinned, and their host-wide folder
+    and lock, while no running instance uses them (what another run on this host uses is theirs to
+    remove)."""
+    used = {cc for cc in congestion.BUILT if users_of(cc)}
+    out = set()
+    registered = congestion.available()
+    for cc in set(congestion.BUILT) - used:
+        if cc in registered:
+            out.add(f"{cc} registered")
+        if os.path.lexists(congestion_pins(cc)):
+            out.add(f"{congestion_pins(cc)}: {', '.join(sorted(os.listdir(congestion_pins(cc))))}")
+    if not used:
+        out |= {path for path in (CONGESTION_DIR, CONGESTION_LOCK) if os.path.lexists(path)}
+    return out
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -20,7 +20,7 @@ import os
 import re
 import signal
 
-from netns.handle import wait_until
+from netns.handle import metric_value, wait_until
 from pepctl import config as configmod
 from pepctl import experiment
 from pepctl.metrics import CATALOGUE
@@ -28,7 +28,6 @@ from pepctl.names import instance_names
 
 FRACTION = 0.5
 LAB_OPTIONS = ["--control-fraction", str(FRACTION)]
-METRICS = "http://127.0.0.1:9101/metrics"
 ORIGIN = "198.19.0.10"
 CANDIDATES = [f"198.18.0.{i}" for i in range(60, 120)]
 CONTROL = next(a for a in CANDIDATES if experiment.group_of(a, FRACTION) == "control")
@@ -41,60 +40,46 @@ def lab_setup(handle) -> None:
         handle.run("client", "ip", "addr", "add", f"{addr}/24", "dev", "eth0")
 
 
-def scrape(lab) -> str:
-    proc = lab.run("proxyhost", "curl", "-sS", "-m", "5", METRICS, check=False)
-    assert proc.returncode == 0, f"proxyhost: curl {METRICS}: exit {proc.returncode}: {proc.stderr.strip()}"
-    return proc.stdout
-
-
-def value(text: str, name: str, **labels) -> float | None:
-    """The sample of name whose labels include these, or None."""
-    for line in text.splitlines():
-        m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
-        if m and all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
-            return float(m.group(2))
-    return None
-
-
 def download(lab, source: str, obj: str) -> None:
     lab.run("client", "curl", "-sS", "-m", "20", "-o", "/dev/null", "--interface", source, f"http://{ORIGIN}/{obj}")
 
 
 def test_exporter_serves_exactly_the_catalogue(lab):
-    text = scrape(lab)
+    text = lab.scrape_metrics()
     helped = set(re.findall(r"^# HELP (\S+) ", text, re.M))
     typed = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
     assert helped == set(CATALOGUE), \
         f"proxyhost exporter: expected {sorted(CATALOGUE)}, missing {sorted(set(CATALOGUE) - helped)}, " \
         f"extra {sorted(helped - set(CATALOGUE))}"
     assert typed == {n: m.type for n, m in CATALOGUE.items()}, typed
-    assert value(text, "pep_up") == 1, "pep_up: expected 1 (the lab's instance is up)"
+    assert metric_value(text, "pep_up") == 1, "pep_up: expected 1 (the lab's instance is up)"
     for side in ("access", "origin"):
         for direction in ("in", "out"):
-            assert value(text, "pep_steer_packets_total", graph="pep", side=side, direction=direction) is not None, \
+            got = metric_value(text, "pep_steer_packets_total", graph="pep", side=side, direction=direction)
+            assert got is not None, \
                 f"pep_steer_packets_total graph=pep side={side} direction={direction}: no sample"
 
 
 def test_each_group_gets_its_verdict_and_the_endpoint_sees_it(lab):
-    before = scrape(lab)
+    before = lab.scrape_metrics()
     download(lab, CONTROL, "100k")
     download(lab, TREATED, "100k")
 
     def moved():
-        text = scrape(lab)
-        got = {v: (value(text, "pep_flows_total", graph="pep", verdict=v) or 0)
-               - (value(before, "pep_flows_total", graph="pep", verdict=v) or 0)
+        text = lab.scrape_metrics()
+        got = {v: (metric_value(text, "pep_flows_total", graph="pep", verdict=v) or 0)
+               - (metric_value(before, "pep_flows_total", graph="pep", verdict=v) or 0)
                for v in ("bypass_control", "proxied")}
         return got if got["bypass_control"] >= 1 and got["proxied"] >= 1 else None
     wait_until(moved, timeout=10, what=f"pep_flows_total: bypass_control (from {CONTROL}) and proxied (from "
                                        f"{TREATED}) to move")
     def with_failopen():
-        text = scrape(lab)
-        return text if value(text, "pep_failopen", graph="pep") is not None else None
+        text = lab.scrape_metrics()
+        return text if metric_value(text, "pep_failopen", graph="pep") is not None else None
     text = wait_until(with_failopen, timeout=5, what="pep_failopen of graph pep")
-    assert value(text, "pep_failopen", graph="pep") == 0, "pep_failopen graph=pep: expected 0 (HAProxy is up)"
-    assert value(text, "pep_proxy_up") == 1
-    assert value(text, "pep_experiment_control_fraction", graph="pep") == FRACTION
+    assert metric_value(text, "pep_failopen", graph="pep") == 0, "pep_failopen graph=pep: expected 0 (HAProxy is up)"
+    assert metric_value(text, "pep_proxy_up") == 1
+    assert metric_value(text, "pep_experiment_control_fraction", graph="pep") == FRACTION
 
 
 def test_experiment_records_each_flow_with_its_group_and_size(lab):
@@ -119,9 +104,9 @@ def test_experiment_records_each_flow_with_its_group_and_size(lab):
             f"{r['client']}: bytes_down {r['bytes_down']}, expected 1 MB and the headers"
         assert 50 < r["bytes_up"] < 1024, f"{r['client']}: bytes_up {r['bytes_up']}: expected one GET request"
         assert 0 < r["seconds"] < 20, r
-    text = scrape(lab)
+    text = lab.scrape_metrics()
     for group in ("control", "treated"):
-        assert (value(text, "pep_experiment_flows_total", graph="pep", group=group, size="1M-10M") or 0) >= 1, \
+        assert (metric_value(text, "pep_experiment_flows_total", graph="pep", group=group, size="1M-10M") or 0) >= 1, \
             f"pep_experiment_flows_total group={group} size=1M-10M: expected >= 1"
     rep = lab.pepctl("report", "--json", "/dev/stdout")
     assert "control" in rep.stdout and "treated" in rep.stdout, rep.stdout[-1500:]
@@ -133,15 +118,16 @@ def test_tcp_health_of_both_sides_is_sampled(lab):
                      "--limit-rate", "300k", "--interface", TREATED, f"http://{ORIGIN}/50m")
     try:
         def both_sides():
-            text = scrape(lab)
-            got = {side: value(text, "pep_tcp_rtt_seconds_count", graph="pep", side=side) or 0
+            text = lab.scrape_metrics()
+            got = {side: metric_value(text, "pep_tcp_rtt_seconds_count", graph="pep", side=side) or 0
                    for side in ("access", "origin")}
             return got if all(got.values()) else None
         try:
             got = wait_until(both_sides, timeout=14, interval=0.5,
                              what="pep_tcp_rtt_seconds_count for sides access and origin of graph pep")
         except AssertionError as e:
-            seen = [ln for ln in scrape(lab).splitlines() if ln.startswith(("pep_tcp_sampled", "pep_proxy_sessions"))]
+            seen = [ln for ln in lab.scrape_metrics().splitlines()
+                    if ln.startswith(("pep_tcp_sampled", "pep_proxy_sessions"))]
             raise AssertionError(f"{e}; the download: {slow.poll() if slow.poll() is None else slow.communicate()}; "
                                  f"the exporter: {seen}") from None
     finally:
@@ -154,20 +140,20 @@ def test_failopen_and_its_switches_are_seen(lab):
     """HAProxy killed while its supervisor is held (SIGSTOP): the endpoint says the graph fails open;
     released, the supervisor restarts HAProxy and the endpoint says proxy again, two switches later."""
     st = json.loads(lab.pepctl("status", "--json").stdout)["proxy"]
-    before = value(scrape(lab), "pep_failopen_switches_total", graph="pep")
+    before = metric_value(lab.scrape_metrics(), "pep_failopen_switches_total", graph="pep")
     held = [st["keeper"]["pid"], st["supervisor"]["pid"]]
     for pid in held:
         os.kill(pid, signal.SIGSTOP)
     try:
         os.kill(st["haproxy"]["pid"], signal.SIGKILL)
-        wait_until(lambda: value(scrape(lab), "pep_failopen", graph="pep") == 1, timeout=5, interval=0.2,
-                   what="pep_failopen{graph=pep} 1 with HAProxy killed")
+        wait_until(lambda: metric_value(lab.scrape_metrics(), "pep_failopen", graph="pep") == 1, timeout=5,
+                   interval=0.2, what="pep_failopen{graph=pep} 1 with HAProxy killed")
     finally:
         for pid in reversed(held):
             os.kill(pid, signal.SIGCONT)
-    wait_until(lambda: value(scrape(lab), "pep_failopen", graph="pep") == 0, timeout=10, interval=0.2,
+    wait_until(lambda: metric_value(lab.scrape_metrics(), "pep_failopen", graph="pep") == 0, timeout=10, interval=0.2,
                what="pep_failopen{graph=pep} 0 once the supervisor restarted HAProxy")
-    after = value(scrape(lab), "pep_failopen_switches_total", graph="pep")
+    after = metric_value(lab.scrape_metrics(), "pep_failopen_switches_total", graph="pep")
     assert after - before == 2, f"pep_failopen_switches_total graph=pep: expected +2, got {before} -> {after}"
 
 

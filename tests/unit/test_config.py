@@ -18,7 +18,7 @@ import tempfile
 
 import pytest
 
-from pepctl import names
+from pepctl import names, radio_maps
 from pepctl.config import (
     MAXCONN_MAX,
     STATS_SOCKET_MAX,
@@ -185,6 +185,24 @@ MALFORMED = [
      "graph[1].access.addresses[0]", '"198.18.0.129/25"', 20, "overlaps graph[0].access.addresses[0]"),
     ("congctl the kernel lacks", edit(("vlan = 100", 'vlan = 100\ncongctl = "vegas"')),
      "graph[0].access.congctl", '"vegas"', 9, "bbr, cubic, reno"),
+    ("congestion the kernel lacks", in_access('congestion = "vegas"'), "graph[0].access.congestion", '"vegas"', 9,
+     "use one of bbr, cubic, reno, or pep_radio (pepctl's own"),
+    ("congestion not a name", in_access('congestion = "BBR!"'), "graph[0].access.congestion", '"BBR!"', 9,
+     "not a congestion control name"),
+    ("congestion and its old name congctl both", in_access('congestion = "bbr"\ncongctl = "bbr"'),
+     "graph[0].access.congctl", '"bbr"', 10, "congctl is the old name of congestion: keep only `congestion`"),
+    ("pep_radio toward the origin", in_origin('congestion = "pep_radio"'), "graph[0].origin.congestion",
+     '"pep_radio"', 12, "pep_radio is the access side's congestion control"),
+    ("queue target without pep_radio", in_access("queue_target_ms = 50"), "graph[0].access.queue_target_ms", "50",
+     9, 'this side\'s congestion is "bbr": set congestion = "pep_radio" in [graph.access], or remove'),
+    ("queue target 0", in_access('congestion = "pep_radio"\nqueue_target_ms = 0'), "graph[0].access.queue_target_ms",
+     "0", 10, "use 1-1000 milliseconds"),
+    ("queue target above a second", in_access('congestion = "pep_radio"\nqueue_target_ms = 1001'),
+     "graph[0].access.queue_target_ms", "1001", 10, "use 1-1000 milliseconds"),
+    ("queue target a string", in_access('congestion = "pep_radio"\nqueue_target_ms = "40ms"'),
+     "graph[0].access.queue_target_ms", '"40ms"', 10, "must be an integer"),
+    ("queue target on the origin side", in_origin("queue_target_ms = 40"), "graph[0].origin.queue_target_ms", "40",
+     12, "only the access side runs pep_radio"),
     ("initcwnd too large", edit(("vlan = 100", "vlan = 100\ninitcwnd = 1000")), "graph[0].access.initcwnd",
      "1000", 9, "1-256"),
     ("initcwnd negative", edit(("vlan = 200", "vlan = 200\ninitcwnd = -1")), "graph[0].origin.initcwnd",
@@ -440,9 +458,30 @@ def test_all_errors_are_collected_in_file_order():
     assert str(ConfigError(errors)).count("\n") == 2
 
 
-def test_congctl_unchecked_without_available_cc():
-    cfg = parse(edit(("vlan = 100", 'vlan = 100\ncongctl = "vegas"')), PATH)
-    assert cfg.graphs[0].access.congctl == "vegas"
+def test_congestion_unchecked_without_available_cc():
+    cfg = parse(in_access('congestion = "vegas"'), PATH)
+    assert cfg.graphs[0].access.congestion == "vegas"
+
+
+def test_old_name_congctl_still_works_with_a_notice():
+    """congctl is read as congestion; the notice (plan and up print it) names file, line and field."""
+    cfg = parse(in_access('congctl = "cubic"'), PATH, available_cc=CC)
+    assert cfg.graphs[0].access.congestion == "cubic"
+    assert cfg.notices == (f"{PATH}:9: graph[0].access.congctl is deprecated: rename it to `congestion` "
+                           "(same values)",), cfg.notices
+    assert parse(BASE, PATH, available_cc=CC).notices == (), "a config without congctl has no notice"
+
+
+def test_pep_radio_is_taken_though_the_kernel_does_not_offer_it_yet():
+    """pepctl registers pep_radio itself at `up`: the kernel's list (here without it) does not refuse it.
+    Its queue target defaults to radio.h's RADIO_TARGET_US; other sides keep 0 (unused)."""
+    cfg = parse(in_access('congestion = "pep_radio"') + GRAPH2, PATH, available_cc=CC)
+    g1, g2 = cfg.graphs
+    assert (g1.access.congestion, g1.access.queue_target_ms) == ("pep_radio", radio_maps.TARGET_US // 1000)
+    assert (g1.origin.congestion, g1.origin.queue_target_ms) == ("cubic", 0)
+    assert (g2.access.congestion, g2.access.queue_target_ms) == ("bbr", 0)
+    cfg = parse(in_access('congestion = "pep_radio"\nqueue_target_ms = 25'), PATH, available_cc=CC)
+    assert cfg.graphs[0].access.queue_target_ms == 25
 
 
 def test_defaults():
@@ -454,7 +493,7 @@ def test_defaults():
     g = cfg.graphs[0]
     assert (g.name, g.index) == ("g1", 0)
     assert g.access.prefixes == (ipaddress.ip_network("198.18.0.0/24"), ipaddress.ip_network("2001:2:0:1::/64"))
-    assert (g.access.congctl, g.origin.congctl) == ("bbr", "cubic")
+    assert (g.access.congestion, g.origin.congestion) == ("bbr", "cubic")
     assert (g.access.initcwnd, g.origin.initcwnd) == (32, 0), "initcwnd: 32 toward subscribers, kernel's to origin"
     assert g.access.gateways == ()
     p = g.proxy
@@ -499,11 +538,21 @@ def test_origin_default_route_may_contain_access_prefixes():
 
 
 def test_example_config_loads():
-    cfg = load(os.path.join(REPO, "etc", "pep.example.toml"), available_cc=CC)
+    path = os.path.join(REPO, "etc", "pep.example.toml")
+    cfg = load(path, available_cc=CC)
     assert cfg.host.instance == "pep1"
     (g,) = cfg.graphs
     assert (g.access.vlan, g.origin.vlan) == (100, 200)
     assert g.proxy.ports == ((80, 80), (443, 443), (8000, 8080))
+    assert cfg.notices == (), f"the example uses a deprecated key: {cfg.notices}"
+    with open(path) as f:
+        text = f.read()
+    # Commented out (bbr is the default), with the default the header has today.
+    default = f"# queue_target_ms = {radio_maps.TARGET_US // 1000} "
+    assert default in text, f"{path}: expected the line {default!r}, pep_radio's default (congestion/radio.h)"
+    uncommented = text.replace("# queue_target_ms", "queue_target_ms").replace('congestion = "bbr"',
+                                                                             'congestion = "pep_radio"', 1)
+    assert parse(uncommented, path, available_cc=CC).graphs[0].access.queue_target_ms == radio_maps.TARGET_US // 1000
 
 
 def test_lab_template_loads():
@@ -512,12 +561,14 @@ def test_lab_template_loads():
         text = f.read()
     for k, v in {"$rid": "t1a2b3c", "$run_dir": "/run/peplab/x", "$proxy": "true", "$interception": "nft",
                  "$ports": '"all"', "$splice": "auto", "$mode": "tcp", "$metrics_port": "9101", "$threads": "1",
-                 "$experiment": "[graph.experiment]\ncontrol_fraction = 0.2"}.items():
+                 "$congestion": "pep_radio", "$experiment": "[graph.experiment]\ncontrol_fraction = 0.2"}.items():
         text = text.replace(k, v)
     cfg = parse(text, "lab.toml", available_cc=CC)
     assert cfg.host.instance == "plt1a2b3c"
     assert cfg.host.threads == 1
     assert cfg.graphs[0].experiment.control_fraction == 0.2
+    assert (cfg.graphs[0].access.congestion, cfg.graphs[0].origin.congestion) == ("pep_radio", "cubic")
+    assert cfg.notices == (), f"the lab's template uses a deprecated key: {cfg.notices}"
 
 
 @pytest.mark.parametrize("table, field, value, words", [

@@ -146,7 +146,9 @@ def test_dashboard_is_provisionable_and_shows_what_operators_watch():
     want = {"pep_failopen", "pep_flows_total", "pep_steer_packets_total", "pep_steer_trunk_packets_total",
             "pep_proxy_sessions", "pep_proxy_errors_total", "pep_tcp_rtt_seconds", "pep_tcp_min_rtt_seconds",
             "pep_tcp_retransmit_ratio", "pep_tcp_delivery_rate_bytes_per_second", "pep_experiment_flows_total",
-            "pep_experiment_bytes_total"}
+            "pep_experiment_bytes_total", "pep_radio_queue_delay_seconds", "pep_radio_queue_target_seconds",
+            "pep_radio_subscribers_active", "pep_radio_subscriber_rate_mean_bytes_per_second",
+            "pep_radio_outages_total"}
     assert want <= used, f"the dashboard does not show {sorted(want - used)}"
     recorded = set(re.findall(r"record:\s*(\S+)", open(RULES).read()))
     from_rules = {n for e in dashboard_exprs() for n in re.findall(r"pep:[a-z0-9_:]+", e)}
@@ -184,6 +186,8 @@ MUTATIONS = [
     ("PepInstanceDown", 'up{job="pep"} == 0 or pep_up == 0', 'up{job="pep"} == 0'),
     ("PepControlGroupGainLow", '{group="control"} >= 20', '{group="control"} >= 5'),
     ("PepControlGroupGainLow", '10M\\\\+"} < 1', '10M\\\\+"} < 3'),
+    ("PepRadioQueueDelayHigh", "(2 * pep_radio_queue_target_seconds)", "(8 * pep_radio_queue_target_seconds)"),
+    ("PepRadioQueueDelayHigh", "[10m])) > 1)", "[10m])) > 0)"),
 ]
 
 

@@ -1,0 +1,673 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * model: pep_radio's control law (radio_law.h, the very text the kernel
+ * runs) driving a simulated radio link, in userspace. The tests use it to
+ * check the law's arithmetic and behaviour on links made to order; it is
+ * also how the law is tuned before the lab measures it for real.
+ *
+ * The link is linkem's trace model (linkem/README.md, "Traces"): one
+ * delivery opportunity of 1500 bytes per line of a mahimahi trace, frames
+ * sharing them in arrival order, opportunities lost when nothing waits, a
+ * drop-tail limit on the wait (limit_ms), and a fixed one-way delay. The
+ * sender is a small TCP: one data packet per MSS, cumulative and selective
+ * acknowledgements, loss found by a later packet's delivery (RACK) or by RTO, RTT
+ * samples of retransmitted packets too (as TCP timestamps give them), and
+ * pacing; the receiver acknowledges every second packet (at once when out of
+ * order, else within 40 ms). Beside one bulk download, a 1 KB request on a
+ * new connection every 200 ms measures the delay a subscriber feels: SYN,
+ * SYN-ACK, request, response, each through the same queues.
+ *
+ *   model [options] DOWN_TRACE UP_TRACE
+ *     --seconds S    (20)      --delay MS   one-way (25)
+ *     --limit MS     (500)     --target MS  pep_radio's target (RADIO_TARGET_US)
+ *     --idle         requests only, no download: the floor
+ *     --flows N      bulk downloads of one subscriber at once (1)
+ *     --offset S     start the traces S seconds in (they loop)
+ *     --loss P       lose P% of the downlink's frames at random (after the queue)
+ *     --series       print a line per 100 ms: time, queue delay, window, rate
+ * Prints one JSON object: goodput (Mbit/s, and per bulk flow), what the trace
+ * offered over the same time, request percentiles (ms), the link queue's
+ * delay percentiles, outages the law saw, its control windows, and its mean
+ * rate estimate (Mbit/s).
+ */
+#include <errno.h>
+#include <linux/types.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "radio.h"
+#include "radio_law.h"
+
+#define MSS 1448
+#define DATA_FRAME 1514
+#define ACK_FRAME 66
+#define OPP_BYTES 1500
+#define MAX_FLOWS 512
+#define MAX_PKTS (1 << 20)
+#define MAX_BULK 8
+
+/* -- the link ---------------------------------------------------------------------------------- */
+struct link {
+	__u32 *opp;          /* opportunity times, ms */
+	size_t n;
+	__u64 period_us;     /* the trace loops */
+	size_t idx;          /* next opportunity (looped: idx / n periods) */
+	__u32 used;          /* bytes of opportunity idx already taken */
+	__u64 delay_us, limit_us;
+	__u64 drops;
+	__u32 loss_ppm;      /* random loss, after the queue (the radio's own errors) */
+	__u64 rng;
+};
+
+static __u64 opp_time(const struct link *l, size_t i)
+{
+	return (i / l->n) * l->period_us + (__u64)l->opp[i % l->n] * 1000;
+}
+
+/* Start the trace `ms` into it (the rest comes after, as the trace loops). */
+static void rotate(struct link *l, __u32 ms)
+{
+	__u32 *r = malloc(l->n * sizeof(*r));
+	__u32 period = l->opp[l->n - 1];
+	size_t first = 0, i;
+
+	ms %= period;
+	while (first < l->n && l->opp[first] < ms)
+		first++;
+	for (i = 0; i < l->n; i++) {
+		size_t j = (first + i) % l->n;
+
+		r[i] = j >= first ? l->opp[j] - ms : l->opp[j] + period - ms;
+	}
+	r[l->n - 1] = period;   /* keep the period: the last line says it */
+	free(l->opp);
+	l->opp = r;
+}
+
+static void load_trace(struct link *l, const char *path)
+{
+	FILE *f = fopen(path, "r");
+	size_t cap = 1024;
+	unsigned v;
+
+	if (!f) {
+		fprintf(stderr, "model: %s: %s\n", path, strerror(errno));
+		exit(2);
+	}
+	l->opp = malloc(cap * sizeof(*l->opp));
+	while (fscanf(f, "%u", &v) == 1) {
+		if (l->n == cap)
+			l->opp = realloc(l->opp, (cap *= 2) * sizeof(*l->opp));
+		l->opp[l->n++] = v;
+	}
+	fclose(f);
+	if (!l->n || !l->opp[l->n - 1]) {
+		fprintf(stderr, "model: %s: not a mahimahi trace (no opportunities)\n", path);
+		exit(2);
+	}
+	l->period_us = (__u64)l->opp[l->n - 1] * 1000;
+}
+
+/* A frame of `bytes` arrives at `now`: when does it leave the far end
+ * (0: dropped)? linkem's rule: opportunities carry bytes in arrival order. */
+static __u64 link_send(struct link *l, __u64 now, __u32 bytes)
+{
+	size_t idx = l->idx;
+	__u32 used = l->used;
+	__u32 left = bytes;
+
+	while (opp_time(l, idx) < now) {   /* passed with nothing waiting: lost */
+		idx++;
+		used = 0;
+	}
+	for (;;) {
+		__u32 room = OPP_BYTES - used;
+
+		if (left <= room) {
+			used += left;
+			break;
+		}
+		left -= room;
+		idx++;
+		used = 0;
+	}
+	if (opp_time(l, idx) - now > l->limit_us) {
+		l->drops++;
+		return 0;
+	}
+	l->idx = idx;
+	l->used = used;
+	if (l->loss_ppm) {
+		l->rng = l->rng * 6364136223846793005ULL + 1442695040888963407ULL;   /* seeded: runs repeat */
+		if ((l->rng >> 33) % 1000000 < l->loss_ppm)
+			return 0;
+	}
+	return opp_time(l, idx) + l->delay_us;
+}
+
+/* The wait a frame arriving now would have before its opportunity. */
+static __u64 link_wait(struct link *l, __u64 now)
+{
+	size_t idx = l->idx;
+
+	if (opp_time(l, idx) < now || (opp_time(l, idx) >= now && l->used == 0)) {
+		while (opp_time(l, idx) < now)
+			idx++;
+		return opp_time(l, idx) - now;
+	}
+	return opp_time(l, idx) - now;
+}
+
+/* -- events ------------------------------------------------------------------------------------ */
+enum ev_type {
+	EV_DATA_AT_CLIENT,   /* a data packet arrives at the client: flow, seq */
+	EV_ACK_AT_PEP,       /* an ACK arrives at the PEP: flow, cum, sacked seq */
+	EV_SEND,             /* the flow may send (pacing) */
+	EV_RTO,              /* the flow's retransmission timer: aux = its generation */
+	EV_DELACK,           /* the client's delayed-ACK timer: aux = generation */
+	EV_PROBE_START,      /* a request starts: client sends its SYN */
+	EV_SYN_AT_PEP,
+	EV_SYNACK_AT_CLIENT,
+	EV_REQ_AT_PEP,
+	EV_HANDSHAKE_RETRY,  /* a lost SYN, SYN-ACK or request: the client tries again after 1 s */
+	EV_SAMPLE,
+};
+
+struct event {
+	__u64 t;
+	__u32 type, flow;
+	__u64 a, b, c;
+};
+
+static struct event *heap;
+static size_t heap_n, heap_cap;
+
+static void push3(__u64 t, __u32 type, __u32 flow, __u64 a, __u64 b, __u64 c)
+{
+	size_t i;
+
+	if (heap_n == heap_cap)
+		heap = realloc(heap, (heap_cap = heap_cap ? 2 * heap_cap : 4096) * sizeof(*heap));
+	i = heap_n++;
+	while (i && heap[(i - 1) / 2].t > t) {
+		heap[i] = heap[(i - 1) / 2];
+		i = (i - 1) / 2;
+	}
+	heap[i] = (struct event){t, type, flow, a, b, c};
+}
+
+static void push(__u64 t, __u32 type, __u32 flow, __u64 a, __u64 b)
+{
+	push3(t, type, flow, a, b, 0);
+}
+
+static struct event pop(void)
+{
+	struct event top = heap[0], last = heap[--heap_n];
+	size_t i = 0;
+
+	for (;;) {
+		size_t c = 2 * i + 1;
+
+		if (c >= heap_n)
+			break;
+		if (c + 1 < heap_n && heap[c + 1].t < heap[c].t)
+			c++;
+		if (heap[c].t >= last.t)
+			break;
+		heap[i] = heap[c];
+		i = c;
+	}
+	heap[i] = last;
+	return top;
+}
+
+/* -- the flows --------------------------------------------------------------------------------- */
+enum pkt_state { PKT_OUT = 1, PKT_DELIVERED, PKT_LOST };
+
+struct flow {
+	int bulk, started, done;
+	__u64 begin;                       /* requests: when the client called connect() */
+	__u64 total;                       /* packets to send (bulk: unbounded) */
+	__u8 *state;                       /* per packet */
+	__u64 *sent_at;
+	__u8 *retx;
+	__u64 nxt, una, out, lost_pending;
+	__u64 rack_sent;                   /* send time of the latest packet known delivered */
+	__u32 cwnd;
+	__u64 pacing, next_send;
+	int send_scheduled;
+	__u32 srtt, rttvar, rto_gen, rto_backoff;
+	__u64 last_progress;
+	struct radio_flow rf;
+	/* client side */
+	__u8 *got;
+	__u64 cum, unacked, delack_gen;
+	__u64 echo;                        /* the send time of the packet an ACK answers: TCP timestamps */
+	__u64 delivered_bytes;
+};
+
+static struct flow flows[MAX_FLOWS];
+static size_t nflows;
+static struct link down, up;
+static struct radio_sub sub;
+static int have_sub;
+static __u32 target_us = RADIO_TARGET_US;
+static __u64 outages, windows;
+static double req_ms[100000];
+static __u64 end_us;                   /* the download is cut here, as curl -m does */
+static size_t nreq;
+
+static struct flow *new_flow(int bulk, __u64 total)
+{
+	struct flow *f = &flows[nflows++ % MAX_FLOWS];
+	size_t n = bulk ? MAX_PKTS : total + 1;
+
+	free(f->state);
+	free(f->sent_at);
+	free(f->retx);
+	free(f->got);
+	memset(f, 0, sizeof(*f));
+	f->bulk = bulk;
+	f->total = bulk ? MAX_PKTS - 1 : total;
+	f->state = calloc(n, 1);
+	f->sent_at = calloc(n, sizeof(__u64));
+	f->retx = calloc(n, 1);
+	f->got = calloc(n, 1);
+	f->cwnd = 32;                      /* the access routes' initcwnd */
+	return f;
+}
+
+static __u32 rto_us(struct flow *f)
+{
+	__u64 r = f->srtt ? f->srtt + 4 * (__u64)f->rttvar : 1000000;
+
+	if (r < 200000)
+		r = 200000;
+	r <<= f->rto_backoff;
+	return r > 1000000 * 10 ? 10000000 : r;
+}
+
+static void arm_rto(struct flow *f, __u32 id, __u64 now)
+{
+	f->rto_gen++;
+	push(now + rto_us(f), EV_RTO, id, f->rto_gen, 0);
+}
+
+static void try_send(struct flow *f, __u32 id, __u64 now)
+{
+	while (f->out < f->cwnd && !(f->bulk && now >= end_us)) {
+		__u64 seq;
+		__u64 at;
+
+		if (f->pacing && f->next_send > now) {
+			if (!f->send_scheduled) {
+				f->send_scheduled = 1;
+				push(f->next_send, EV_SEND, id, 0, 0);
+			}
+			return;
+		}
+		if (f->lost_pending) {
+			for (seq = f->una; seq < f->nxt && f->state[seq] != PKT_LOST; seq++)
+				;
+			if (seq == f->nxt) {
+				f->lost_pending = 0;
+				continue;
+			}
+			f->lost_pending--;
+			f->retx[seq] = 1;
+		} else if (f->nxt < f->total) {
+			seq = f->nxt++;
+		} else {
+			return;
+		}
+		f->state[seq] = PKT_OUT;
+		f->sent_at[seq] = now;
+		f->out++;
+		at = link_send(&down, now, f->bulk ? DATA_FRAME : 1100 + 66);
+		if (at)
+			push(at, EV_DATA_AT_CLIENT, id, seq, now);
+		if (f->out == 1)
+			arm_rto(f, id, now);
+		if (f->pacing)
+			f->next_send = (f->next_send > now ? f->next_send : now) +
+				       (__u64)DATA_FRAME * 1000000 / f->pacing;
+	}
+}
+
+static void apply(struct flow *f, const struct radio_out *o)
+{
+	f->cwnd = o->cwnd;
+	f->pacing = o->pacing;
+	if (o->window_ended)
+		windows++;
+	if (o->outage_us)
+		outages++;
+}
+
+static void flow_start(struct flow *f, __u32 id, __u64 now, __u32 handshake_rtt)
+{
+	struct radio_out o;
+
+	f->started = 1;
+	f->srtt = handshake_rtt;
+	f->rttvar = handshake_rtt / 2;
+	if (!have_sub || !radio_sub_fresh(&sub, now)) {
+		radio_sub_init(&sub, now, handshake_rtt, f->cwnd, MSS, target_us);
+		have_sub = 1;
+	}
+	radio_start(&sub, &f->rf, now, handshake_rtt, MSS, target_us, &o);
+	apply(f, &o);
+	f->last_progress = now;
+	try_send(f, id, now);
+}
+
+static void on_ack(struct flow *f, __u32 id, __u64 now, __u64 cum, __u64 sacked, __u64 echo)
+{
+	__u64 newly = 0, seq, rtt = 0, newest_sent = 0;
+	__u32 prior = (__u32)f->out;
+	struct radio_ack a;
+	struct radio_out o;
+
+	if (f->done)
+		return;
+	for (seq = f->una; seq < cum && seq < f->nxt; seq++) {
+		if (f->state[seq] != PKT_DELIVERED) {
+			if (f->state[seq] == PKT_OUT)
+				f->out--;
+			f->state[seq] = PKT_DELIVERED;
+			newly++;
+		}
+	}
+	if (cum > f->una)
+		f->una = cum;
+	if (sacked >= f->una && sacked < f->nxt && f->state[sacked] != PKT_DELIVERED) {
+		if (f->state[sacked] == PKT_OUT)
+			f->out--;
+		f->state[sacked] = PKT_DELIVERED;
+		newly++;
+	}
+	newest_sent = echo;
+	if (newly && newest_sent) {
+		rtt = now - newest_sent;
+		if (!f->srtt) {
+			f->srtt = rtt;
+			f->rttvar = rtt / 2;
+		} else {
+			__u64 d = rtt > f->srtt ? rtt - f->srtt : f->srtt - rtt;
+
+			f->rttvar = (3 * f->rttvar + d) / 4;
+			f->srtt = (7 * (__u64)f->srtt + rtt) / 8;
+		}
+	}
+	/* Lost (RACK): a packet sent after it, by more than a reordering window,
+	 * was delivered. */
+	if (newly && echo > f->rack_sent)
+		f->rack_sent = echo;
+	for (seq = f->una; seq < f->nxt; seq++) {
+		if (f->state[seq] == PKT_OUT && f->sent_at[seq] + 1000 < f->rack_sent) {
+			f->state[seq] = PKT_LOST;
+			f->out--;
+			f->lost_pending++;
+		}
+	}
+	if (newly) {
+		f->rto_backoff = 0;
+		f->last_progress = now;
+		if (f->out)
+			arm_rto(f, id, now);
+	}
+	if (!f->bulk && f->una >= f->total) {
+		f->done = 1;
+		if (f->rf.has_sub && sub.flows)
+			sub.flows--;
+		return;
+	}
+	a = (struct radio_ack){.now_us = now, .acked_bytes = newly * MSS, .rtt_us = rtt, .srtt_us = f->srtt,
+			       .packets_out = f->out, .prior_in_flight = prior, .cwnd = f->cwnd, .mss = MSS,
+			       .app_limited = !f->bulk};
+	radio_on_ack(&sub, &f->rf, &a, &o);
+	apply(f, &o);
+	try_send(f, id, now);
+}
+
+static void on_rto(struct flow *f, __u32 id, __u64 now)
+{
+	__u64 seq;
+
+	if (!f->out || f->done)
+		return;
+	for (seq = f->una; seq < f->nxt; seq++) {
+		if (f->state[seq] == PKT_OUT) {
+			f->state[seq] = PKT_LOST;
+			f->out--;
+			f->lost_pending++;
+		}
+	}
+	f->cwnd = 1;                       /* tcp_enter_loss; the law restores it on the next ACK */
+	f->rto_backoff++;
+	f->next_send = now;
+	try_send(f, id, now);
+	arm_rto(f, id, now);
+}
+
+/* The client receives a data packet. */
+static void client_data(struct flow *f, __u32 id, __u64 now, __u64 seq, __u64 sent)
+{
+	__u64 cum_before = f->cum, at;
+	int in_order;
+
+	f->echo = sent;
+	if (!f->got[seq]) {
+		f->got[seq] = 1;
+		if (now < end_us)
+			f->delivered_bytes += MSS;
+	}
+	while (f->got[f->cum])
+		f->cum++;
+	/* In order, and not filling a hole: the ACK may wait for a second packet. */
+	in_order = seq == cum_before && f->cum == cum_before + 1;
+	if (!f->bulk && f->cum >= f->total && f->begin) {
+		if (nreq < sizeof(req_ms) / sizeof(req_ms[0]))
+			req_ms[nreq++] = (now - f->begin) / 1000.0;
+		if (getenv("MODEL_REQUESTS"))
+			fprintf(stderr, "request at %.2f s: %.0f ms\n", f->begin / 1e6, (now - f->begin) / 1000.0);
+		f->begin = 0;
+	}
+	f->unacked++;
+	if (in_order && f->unacked < 2) {
+		push(now + 40000, EV_DELACK, id, ++f->delack_gen, 0);
+		return;
+	}
+	f->unacked = 0;
+	f->delack_gen++;
+	at = link_send(&up, now, ACK_FRAME);
+	if (at)
+		push3(at, EV_ACK_AT_PEP, id, f->cum, seq, f->echo);
+}
+
+/* One packet of a request's handshake (SYN, SYN-ACK, the request itself) over a link; lost, the
+ * client tries again after 1 s, as its SYN timer would. `since` rides along: when the SYN left. */
+static void handshake(struct link *l, __u64 now, __u32 bytes, enum ev_type next, __u32 flow, __u64 since)
+{
+	__u64 at = link_send(l, now, bytes);
+
+	if (at)
+		push(at, next, flow, since, 0);
+	else
+		push(now + 1000000, EV_HANDSHAKE_RETRY, flow, 0, 0);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static double pct(double *xs, size_t n, double p)
+{
+	size_t i;
+
+	if (!n)
+		return -1;
+	i = (size_t)(p / 100 * (n - 1) + 0.5);
+	return xs[i < n ? i : n - 1];
+}
+
+int main(int argc, char **argv)
+{
+	double seconds = 20, delay_ms = 25, limit_ms = 500, offset_s = 0, loss_pct = 0;
+	int idle = 0, series = 0, nbulk = 1, i;
+	const char *paths[2] = {0};
+	int npaths = 0;
+	struct flow *bulk[MAX_BULK];
+	double *qwait = NULL;
+	size_t nq = 0, qcap = 0;
+	__u64 end, offered = 0;
+	double rate_sum = 0;
+	size_t rate_n = 0;
+	size_t k;
+
+	for (i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
+			seconds = atof(argv[++i]);
+		else if (!strcmp(argv[i], "--delay") && i + 1 < argc)
+			delay_ms = atof(argv[++i]);
+		else if (!strcmp(argv[i], "--limit") && i + 1 < argc)
+			limit_ms = atof(argv[++i]);
+		else if (!strcmp(argv[i], "--target") && i + 1 < argc)
+			target_us = (__u32)(atof(argv[++i]) * 1000);
+		else if (!strcmp(argv[i], "--loss") && i + 1 < argc)
+			loss_pct = atof(argv[++i]);
+		else if (!strcmp(argv[i], "--offset") && i + 1 < argc)
+			offset_s = atof(argv[++i]);
+		else if (!strcmp(argv[i], "--flows") && i + 1 < argc)
+			nbulk = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--idle"))
+			idle = 1;
+		else if (!strcmp(argv[i], "--series"))
+			series = 1;
+		else if (argv[i][0] != '-' && npaths < 2)
+			paths[npaths++] = argv[i];
+		else {
+			fprintf(stderr, "model: bad argument %s; see the comment at the top of model.c\n", argv[i]);
+			return 2;
+		}
+	}
+	if (npaths != 2 || nbulk < 1 || nbulk > MAX_BULK) {
+		fprintf(stderr, "usage: model [--seconds S] [--delay MS] [--limit MS] [--target MS] [--flows N] "
+			"[--offset S] [--loss P] [--idle] [--series] DOWN_TRACE UP_TRACE\n");
+		return 2;
+	}
+	load_trace(&down, paths[0]);
+	load_trace(&up, paths[1]);
+	if (offset_s > 0) {
+		rotate(&down, (__u32)(offset_s * 1000));
+		rotate(&up, (__u32)(offset_s * 1000));
+	}
+	down.delay_us = up.delay_us = (__u64)(delay_ms * 1000);
+	down.limit_us = up.limit_us = (__u64)(limit_ms * 1000);
+	down.loss_ppm = (__u32)(loss_pct * 10000);
+	down.rng = 1;
+	end = end_us = (__u64)(seconds * 1e6);
+
+	for (i = 0; !idle && i < nbulk; i++) {
+		bulk[i] = new_flow(1, 0);
+		/* The download's handshake happened before the measurement starts. */
+		flow_start(bulk[i], (__u32)(nflows - 1), 0, (__u32)(2 * delay_ms * 1000));
+	}
+	for (__u64 t = 0; t + 1000000 <= end; t += 200000)
+		push(t, EV_PROBE_START, 0, 0, 0);
+	for (__u64 t = 0; t < end; t += 10000)
+		push(t, EV_SAMPLE, 0, 0, 0);
+
+	while (heap_n) {
+		struct event e = pop();
+		struct flow *f = &flows[e.flow % MAX_FLOWS];
+		__u64 at;
+
+		if (e.t > end + 10000000)
+			break;
+		switch (e.type) {
+		case EV_DATA_AT_CLIENT:
+			client_data(f, e.flow, e.t, e.a, e.b);
+			break;
+		case EV_DELACK:
+			if (e.a == f->delack_gen && f->unacked) {
+				f->unacked = 0;
+				at = link_send(&up, e.t, ACK_FRAME);
+				if (at)
+					push3(at, EV_ACK_AT_PEP, e.flow, f->cum, f->cum ? f->cum - 1 : 0, f->echo);
+			}
+			break;
+		case EV_ACK_AT_PEP:
+			on_ack(f, e.flow, e.t, e.a, e.b, e.c);
+			break;
+		case EV_SEND:
+			f->send_scheduled = 0;
+			try_send(f, e.flow, e.t);
+			break;
+		case EV_RTO:
+			if (e.a == f->rto_gen)
+				on_rto(f, e.flow, e.t);
+			break;
+		case EV_PROBE_START:
+			if (e.t >= end)
+				break;
+			f = new_flow(0, 1);
+			f->begin = e.t;
+			e.flow = (__u32)(nflows - 1);
+			/* fall through */
+		case EV_HANDSHAKE_RETRY:
+			handshake(&up, e.t, 74, EV_SYN_AT_PEP, e.flow, e.t);
+			break;
+		case EV_SYN_AT_PEP:
+			handshake(&down, e.t, 74, EV_SYNACK_AT_CLIENT, e.flow, e.t);
+			break;
+		case EV_SYNACK_AT_CLIENT:
+			handshake(&up, e.t, 140, EV_REQ_AT_PEP, e.flow, e.a);
+			break;
+		case EV_REQ_AT_PEP:
+			if (!f->started)
+				flow_start(f, e.flow, e.t, (__u32)(e.t - e.a));
+			break;
+		case EV_SAMPLE:
+			if (nq == qcap)
+				qwait = realloc(qwait, (qcap = qcap ? 2 * qcap : 4096) * sizeof(*qwait));
+			qwait[nq++] = link_wait(&down, e.t) / 1000.0;
+			if (have_sub && !idle) {
+				rate_sum += sub.rate;
+				rate_n++;
+			}
+			if (series && e.t % 100000 == 0)
+				printf("# %.1f s: wait %.0f ms, window %llu B, rate %.2f Mbit/s, qdelay %u ms\n",
+				       e.t / 1e6, qwait[nq - 1], (unsigned long long)sub.window, sub.rate * 8 / 1e6,
+				       sub.qdelay_us / 1000);
+			break;
+		}
+	}
+	for (k = 0; k < down.n * 4 && opp_time(&down, k) < end; k++)
+		offered += OPP_BYTES;
+	qsort(req_ms, nreq, sizeof(double), cmp_double);
+	qsort(qwait, nq, sizeof(double), cmp_double);
+	{
+		double total = 0;
+
+		printf("{\"seconds\": %g, \"target_ms\": %g, \"offered_mbps\": %.3f, \"bulk_mbps\": [", seconds,
+		       target_us / 1000.0, offered * 8 / seconds / 1e6);
+		for (i = 0; !idle && i < nbulk; i++) {
+			total += bulk[i]->delivered_bytes;
+			printf("%s%.3f", i ? ", " : "", bulk[i]->delivered_bytes * 8 / seconds / 1e6);
+		}
+		printf("], \"goodput_mbps\": %.3f, \"requests\": %zu, \"p50_ms\": %.0f, \"p95_ms\": %.0f, "
+		       "\"p99_ms\": %.0f, \"wait_p50_ms\": %.0f, \"wait_p95_ms\": %.0f, \"outages\": %llu, "
+		       "\"windows\": %llu, \"drops_down\": %llu, \"drops_up\": %llu, \"rate_estimate_mbps\": %.3f}\n",
+		       total * 8 / seconds / 1e6, nreq, pct(req_ms, nreq, 50), pct(req_ms, nreq, 95),
+		       pct(req_ms, nreq, 99), pct(qwait, nq, 50), pct(qwait, nq, 95), (unsigned long long)outages,
+		       (unsigned long long)windows, (unsigned long long)down.drops, (unsigned long long)up.drops,
+		       rate_n ? rate_sum / rate_n * 8 / 1e6 : 0.0);
+	}
+	return 0;
+}

@@ -1,0 +1,307 @@
+"""pep_radio, pepctl's own congestion control: registered by `up`, run by the access side's sockets,
+counting, exported, shown by status, shared by instances, and gone with its last user.
+
+   client 198.18.0.10 -- switch ==trunk== proxyhost: nic0 -- graph pl<rid>-pep -- origin 198.19.0.10 (nginx)
+                                          pepctl pl<rid> (pep-lab up --congestion pep_radio), exporter :9101
+                                          c_in routes: congctl pep_radio (HAProxy's sockets toward subscribers)
+                                          s_in routes: congctl cubic
+   [pc<rid>-host] nic0                    a second instance (tests/netns/conftest.py host), also pep_radio
+   host-wide: /sys/fs/bpf/pep-congestion/pep_radio/   its maps and struct_ops map, pinned by the first user
+              /proc/sys/net/ipv4/tcp_available_congestion_control   lists pep_radio while registered
+
+How right is told from wrong: the kernel's own views, not pepctl's: the list of available congestion
+controls; `ss -ti` in the graph's namespace names each proxy socket's congestion control (pep_radio
+toward the subscriber, cubic toward the origin); the BPF program's radio_stats entry of the graph's
+namespace, read through bpf(2), moves with downloads; the exporter's text (scraped where the host's
+monitoring scrapes it) and `pepctl status` carry the same counters. Sharing: a second instance's
+`up` says it shares the registration, and its `down` leaves it registered (and the lab's parameters
+in place) while the lab is up. The lab's `down` leaves pep_radio unregistered and its pins gone,
+unless another instance of the host still uses it (the host's register says which): other runs may
+share this machine. A registration left by a crash (pinned where pepctl pins it, no instance) is
+reused and then removed; one that is not pepctl's is refused, naming the field and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+
+import pytest
+
+from netns.handle import BASE, PYTHON, metric_value, wait_until
+from pepctl import bpfsys, congestion, radio_maps
+from pepctl.lock import InstanceLock
+from pepctl.names import CONGESTION_LOCK, congestion_pins, netns_path
+from pepctl.register import running_instances, users_of
+
+LAB_OPTIONS = ["--congestion", "pep_radio"]
+NAME = radio_maps.NAME
+PINS = congestion_pins(NAME)
+CLIENT, ORIGIN = "198.18.0.10", "198.19.0.10"
+RADIO_BASE = BASE.replace('addresses = ["198.18.0.1/24", "2001:2:0:1::1/64"]',
+                          'addresses = ["198.18.0.1/24", "2001:2:0:1::1/64"]\ncongestion = "pep_radio"')
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pep_radio_is_free():
+    """A pep_radio registered by something else (an experiment) makes this module's `up` refuse, rightly."""
+    if congestion.registration(NAME) == "other":
+        pytest.skip(f"{NAME} is registered by something other than pepctl on this host (`bpftool struct_ops "
+                    "list`): the lab's `up` would refuse it")
+
+
+def lab_instance(lab) -> str:
+    return f"pl{lab.rid}"
+
+
+def graph_ns(lab) -> str:
+    return netns_path(lab.netns("pep"))
+
+
+def stats(lab) -> dict:
+    got = radio_maps.read_stats(PINS, graph_ns(lab))
+    return got or radio_maps.STATS.zero()
+
+
+def download(lab, obj: str, *extra: str) -> None:
+    lab.run("client", "curl", "-sS", "-o", "/dev/null", "-m", "30", *extra, f"http://{ORIGIN}/{obj}", timeout=40)
+
+
+def ss(lab, peer: str) -> str:
+    """`ss -tin` of the graph's namespace, sockets whose peer is peer (nsenter, not `ip netns exec`)."""
+    return subprocess.run(["nsenter", f"--net={graph_ns(lab)}", "ss", "-tin", "dst", peer], capture_output=True,
+                          text=True, check=True).stdout
+
+
+def slow_download(lab, seconds: int, rate: str = "400k") -> subprocess.Popen:
+    """A proxied download from the client that lasts about `seconds` (curl's own rate limit)."""
+    return lab.popen("client", "curl", "-sS", "-o", "/dev/null", "-m", str(seconds), "--limit-rate", rate,
+                     f"http://{ORIGIN}/1g")
+
+
+# -- with the lab up ------------------------------------------------------------------------------
+def test_up_registers_it_once_for_the_host(lab):
+    assert NAME in congestion.available(), \
+        f"{congestion.AVAILABLE}: expected {NAME} after the lab's up, got {sorted(congestion.available())}"
+    assert congestion.registration(NAME) == "pepctl", f"{NAME}: registered, but not the one pinned in {PINS}"
+    entry = next(e for e in running_instances() if e["instance"] == lab_instance(lab))
+    assert NAME in entry["congestion"], f"register entry of {lab_instance(lab)}: {entry}"
+    params = radio_maps.read_params(PINS, graph_ns(lab))
+    assert params == {"target_us": radio_maps.TARGET_US, "flags": 0}, \
+        f"{PINS}/radio_params of {graph_ns(lab)}: expected the default target, got {params}"
+
+
+def test_proxy_sockets_toward_the_subscriber_run_it(lab):
+    def toward_client():
+        out = ss(lab, CLIENT)
+        return out if NAME in out else None
+
+    load = slow_download(lab, 15)
+    try:
+        got = wait_until(toward_client, timeout=10,
+                         what=f"a socket toward {CLIENT} in {graph_ns(lab)} naming {NAME} in `ss -tin`")
+        toward_origin = ss(lab, ORIGIN)
+    finally:
+        load.kill()
+        load.wait()
+    assert "ESTAB" in got, got
+    assert "cubic" in toward_origin and NAME not in toward_origin, \
+        f"{graph_ns(lab)}: the socket toward the origin {ORIGIN} should run cubic: {toward_origin}"
+
+
+def test_its_statistics_move_with_downloads(lab):
+    """Three downloads: three flows start and end, the later ones warm (their subscriber is known).
+    One of them lasts two seconds (curl's rate limit), many control windows of the subscriber."""
+    before = stats(lab)
+    download(lab, "100k")
+    download(lab, "1m", "--limit-rate", "500k")
+    download(lab, "100k")
+
+    def moved():
+        now = stats(lab)
+        return now if now["flows_ended"] >= before["flows_ended"] + 3 and now["windows"] > before["windows"] else None
+    try:
+        after = wait_until(moved, timeout=10, what=f"radio_stats of {graph_ns(lab)}: 3 more flows ended, windows "
+                                                   "counted")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: before {before}, now {stats(lab)}") from None
+    assert after["flows_started"] >= before["flows_started"] + 3, (before, after)
+    assert after["flows_warm"] > before["flows_warm"], \
+        f"a subscriber's later flows start at its known rate (warm): {before['flows_warm']} -> {after['flows_warm']}"
+    assert sum(after["qdelay_bucket"]) == after["windows"] == sum(after["rate_bucket"]), after
+
+
+def test_the_exporter_serves_its_metrics(lab):
+    load = slow_download(lab, 28)     # control windows in every epoch, so one completes with it active
+    try:
+        def active():
+            text = lab.scrape_metrics()
+            return text if (metric_value(text, "pep_radio_subscribers_active", graph="pep") or 0) >= 1 else None
+        text = wait_until(active, timeout=26, interval=0.5,
+                          what=f"pep_radio_subscribers_active{{graph=pep}} >= 1 (epochs of {radio_maps.EPOCH_US} us)")
+    finally:
+        load.kill()
+        load.wait()
+    st = stats(lab)
+    assert metric_value(text, "pep_radio_queue_target_seconds", graph="pep") == radio_maps.TARGET_US / 1e6
+    assert (metric_value(text, "pep_radio_subscriber_rate_mean_bytes_per_second", graph="pep") or 0) > 0, \
+        "an active subscriber has an estimated rate"
+    started = metric_value(text, "pep_radio_flows_started_total", graph="pep")
+    assert started and started <= st["flows_started"], f"pep_radio_flows_started_total {started}, map {st}"
+    windows = metric_value(text, "pep_radio_control_windows_total", graph="pep")
+    for hist in ("pep_radio_queue_delay_seconds", "pep_radio_rate_bytes_per_second"):
+        assert metric_value(text, f"{hist}_count", graph="pep") == windows, f"{hist}_count is the windows counted"
+        inf = metric_value(text, f"{hist}_bucket", graph="pep", le="+Inf")
+        assert inf is not None and inf >= 1, f"{hist}_bucket{{le=+Inf}}: {inf}"
+    les = [float(m) for m in re.findall(r'pep_radio_queue_delay_seconds_bucket\{graph="pep",le="([0-9.e-]+)"\}', text)]
+    assert les == [b / 1e6 for b in radio_maps.QDELAY_BOUNDS_US if b], f"queue delay buckets: {les}"
+
+
+def test_status_shows_one_line_for_it(lab):
+    download(lab, "100k")
+    text = lab.pepctl("status").stdout
+    line = next((x for x in text.splitlines() if "pep_radio:" in x), None)
+    assert line and "subscribers active" in line and "queue delay held" in line and "p95" in line and \
+        "outages" in line and "warm starts" in line, f"pepctl status: no pep_radio line:\n{text}"
+    report = json.loads(lab.pepctl("status", "--json").stdout)
+    assert report["state"] == "up", report.get("problems")
+    g = report["graphs"][0]
+    assert g["congestion"] == {"access": NAME, "origin": "cubic"}, g["congestion"]
+    r = g["radio"]
+    assert r["flows_started"] >= 1 and r["control_windows"] >= 1 and r["queue_delay_p95_seconds"] is not None, r
+    assert r["queue_target_seconds"] == radio_maps.TARGET_US / 1e6, r
+
+
+def test_a_second_instance_shares_it_and_its_down_keeps_it(lab, host):
+    conf = host.config(RADIO_BASE)
+    lab_params = radio_maps.read_params(PINS, graph_ns(lab))
+    up = host.pepctl(conf, "up")
+    assert up.returncode == 0, f"second instance up: {up.stderr}\n{up.stdout[-2000:]}"
+    assert f"notice: {NAME} is registered already" in up.stdout, up.stdout
+    mine = netns_path(f"{host.inst}-g1")
+    assert radio_maps.read_params(PINS, mine) == {"target_us": radio_maps.TARGET_US, "flags": 0}
+    key = radio_maps.netns_key(mine)
+    down = host.pepctl(conf, "down")
+    assert down.returncode == 0, down.stderr
+    assert f"notice: {NAME} stays registered: instance(s) {lab_instance(lab)}" in down.stdout, down.stdout
+    assert congestion.registration(NAME) == "pepctl", f"{NAME} unregistered by the second instance's down"
+    assert radio_maps.read_params(PINS, graph_ns(lab)) == lab_params, "the lab's parameters were touched"
+    with bpfsys.Map(os.path.join(PINS, radio_maps.PARAMS_MAP), read_only=True) as m:
+        assert m.lookup(key) is None, f"the second instance's parameters are still in {m.path}"
+    download(lab, "100k")   # the lab still proxies with it
+
+
+def test_registration_waits_for_the_host_lock(lab, host):
+    """A registration in progress elsewhere (the test holds the host's lock): `up` waits, then shares."""
+    conf = host.config(RADIO_BASE)
+    got = threading.Event()
+
+    def hold():
+        with InstanceLock(CONGESTION_LOCK, "", "up (held by the test)", what="the host's congestion controls"):
+            got.set()
+            time.sleep(2)
+    t = threading.Thread(target=hold)
+    t.start()
+    assert got.wait(10), "the test could not take the host's congestion lock"
+    started = time.monotonic()
+    up = host.pepctl(conf, "up")
+    took = time.monotonic() - started
+    t.join()
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "waiting for" in up.stderr and "the host's congestion controls" in up.stderr, up.stderr
+        assert took >= 1.0, f"up finished in {took:.2f} s while the lock was held"
+    finally:
+        assert host.pepctl(conf, "down").returncode == 0
+
+
+def test_down_of_the_last_user_unregisters_it(lab):
+    lab.down()
+    others = [e["instance"] for e in users_of(NAME)]
+    if others:
+        assert congestion.registration(NAME) == "pepctl", f"{NAME} unregistered while {others} still use it"
+        pytest.skip(f"other instances on this host use {NAME} ({', '.join(others)}): it rightly stays registered")
+    assert NAME not in congestion.available(), f"{NAME} still registered after the last user's down"
+    assert not os.path.exists(PINS), f"{PINS} left: {os.listdir(PINS)}"
+    assert not os.path.exists(CONGESTION_LOCK), f"{CONGESTION_LOCK} left after the last user's down"
+
+
+# -- with no instance using it (after the lab's down) --------------------------------------------------
+def nobody_uses_it() -> None:
+    others = [e["instance"] for e in users_of(NAME)]
+    if others or NAME in congestion.available():
+        pytest.skip(f"{NAME} is in use on this host ({', '.join(others) or 'registered'}): this test needs it free")
+
+
+def register_by_hand(pins: str) -> None:
+    os.makedirs(pins, 0o700)
+    obj, loader = congestion.BUILT[NAME]
+    subprocess.run([loader, obj, pins], check=True, capture_output=True, text=True)
+
+
+def unregister_by_hand(pins: str) -> None:
+    ops = congestion.ops_map(pins)
+    if ops:
+        with bpfsys.Map(ops) as m:
+            m.delete(congestion.OPS_KEY, missing_ok=True)
+    subprocess.run(["rm", "-rf", pins], check=True)
+
+
+def test_a_crashed_run_s_registration_is_reused_then_removed(host):
+    """pepctl's pins and a registration, but no instance (a crash): `up` shares it, `down` removes it."""
+    nobody_uses_it()
+    register_by_hand(PINS)
+    conf = host.config(RADIO_BASE)
+    try:
+        up = host.pepctl(conf, "up")
+        assert up.returncode == 0, up.stderr
+        assert f"notice: {NAME} is registered already" in up.stdout, up.stdout
+    finally:
+        down = host.pepctl(conf, "down")
+        if NAME in congestion.available() and not users_of(NAME):
+            unregister_by_hand(PINS)
+    assert down.returncode == 0, down.stderr
+    assert NAME not in congestion.available() and not os.path.exists(PINS), "left registered by the last down"
+
+
+def test_a_failed_up_rolls_its_registration_back(host):
+    """`up` fails late (the exporter's port is taken: after pep_radio was registered and HAProxy
+    started): the rollback unregisters pep_radio, which nobody else uses, and leaves no pins or lock."""
+    nobody_uses_it()
+    subprocess.run(["ip", "-n", host.ns, "link", "set", "lo", "up"], check=True)
+    listen = ("import socket,sys;s=socket.socket();s.bind(('127.0.0.1',9101));s.listen();print('ready',flush=True);"
+              "sys.stdin.read()")
+    taken = subprocess.Popen(["nsenter", f"--net={netns_path(host.ns)}", PYTHON, "-c", listen], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert taken.stdout.readline().strip() == "ready", "the test's listener on 127.0.0.1:9101 did not start"
+        up = host.pepctl(host.config(RADIO_BASE), "up")
+    finally:
+        taken.stdin.close()    # it exits at EOF
+        taken.wait(timeout=5)
+    assert up.returncode != 0, f"up succeeded with its metrics port taken: {up.stdout}"
+    assert f"use congestion control {NAME}" in up.stdout and "rolling back" in up.stdout, up.stdout
+    assert NAME not in congestion.available(), f"the rollback left {NAME} registered: {up.stdout}"
+    assert not os.path.exists(PINS) and not os.path.exists(CONGESTION_LOCK), "the rollback left pins or the lock"
+
+
+def test_a_foreign_registration_is_refused_naming_what_to_do(host):
+    nobody_uses_it()
+    foreign = f"/sys/fs/bpf/{host.inst}foreign"
+    register_by_hand(foreign)
+    conf = host.config(RADIO_BASE)
+    try:
+        before = host.snapshot()
+        up = host.pepctl(conf, "up")
+        assert up.returncode != 0, f"up accepted a {NAME} that is not pepctl's: {up.stdout}"
+        for words in ("graph[0].access.congestion", f'"{NAME}"', "not by pepctl", "bpftool struct_ops list",
+                      conf):
+            assert words in up.stderr, f"up's refusal lacks {words!r}: {up.stderr}"
+        assert host.snapshot() == before and not os.path.exists(PINS), "a refused up left something"
+        assert congestion.registration(NAME) == "other", "the foreign registration was touched"
+    finally:
+        unregister_by_hand(foreign)
