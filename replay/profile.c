@@ -11,10 +11,9 @@
  *                       "ip_start"?, "ip_end"?, "l7_map"?: {"offset", "mask"?, "value"?}}]}} */
 #include "profile.h"
 
-#include "json.h"
-
 #include <arpa/inet.h>
 #include <errno.h>
+#include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,29 +84,29 @@ static uint8_t *b64decode(const char *s, size_t n, size_t room, size_t *outlen)
 	return out;
 }
 
-static int load_buf(struct ctx *c, const struct jnode *j, size_t i, struct buf *b)
+static int load_buf(struct ctx *c, const json_t *j, size_t i, struct buf *b)
 {
-	const struct jnode *base = j, *size = NULL, *fill = NULL;
+	const json_t *base = j, *size = NULL, *fill = NULL;
 
-	if (j->type == J_OBJ) {
-		base = json_get(j, "base");
-		size = json_get(j, "size");
-		fill = json_get(j, "fill");
-		if (!size || size->type != J_NUM || size->num < 0 || size->num > 1e10)
+	if (json_is_object(j)) {
+		base = json_object_get(j, "base");
+		size = json_object_get(j, "size");
+		fill = json_object_get(j, "fill");
+		if (!json_is_number(size) || json_number_value(size) < 0 || json_number_value(size) > 1e10)
 			return bad(c, "buf_list[%zu].size: missing or not a byte count", i);
 	}
-	if (!base || base->type != J_STR)
+	if (!json_is_string(base))
 		return bad(c, "buf_list[%zu]: expected a base64 string or {\"base\", \"size\", \"fill\"}", i);
-	size_t want = size ? (size_t)size->num : 0;
-	b->data = b64decode(base->str, base->len, want, &b->len);
+	size_t want = size ? (size_t)json_number_value(size) : 0;
+	b->data = b64decode(json_string_value(base), json_string_length(base), want, &b->len);
 	if (!b->data)
 		return bad(c, "buf_list[%zu]: not valid base64", i);
 	if (want > b->len) {
 		size_t flen = 0;
 		uint8_t *f = NULL;
 
-		if (fill && fill->type == J_STR) {
-			f = b64decode(fill->str, fill->len, 0, &flen);
+		if (json_is_string(fill)) {
+			f = b64decode(json_string_value(fill), json_string_length(fill), 0, &flen);
 			if (!f)
 				return bad(c, "buf_list[%zu].fill: not valid base64", i);
 		}
@@ -119,78 +118,79 @@ static int load_buf(struct ctx *c, const struct jnode *j, size_t i, struct buf *
 	return 0;
 }
 
-static int load_program(struct ctx *c, const struct jnode *j, size_t i, struct profile *p)
+static int load_program(struct ctx *c, const json_t *j, size_t i, struct profile *p)
 {
-	const struct jnode *cmds = json_get(j, "commands");
+	const json_t *cmds = json_object_get(j, "commands");
 	struct program *pr = &p->progs[i];
 
-	if (!cmds || cmds->type != J_ARR)
+	if (!json_is_array(cmds))
 		return bad(c, "program_list[%zu].commands: missing or not a list", i);
-	pr->cmds = calloc(cmds->len ? cmds->len : 1, sizeof(*pr->cmds));
+	pr->ncmds = json_array_size(cmds);
+	pr->cmds = calloc(pr->ncmds ? pr->ncmds : 1, sizeof(*pr->cmds));
 	if (!pr->cmds)
 		return bad(c, "out of memory");
-	pr->ncmds = cmds->len;
-	if (json_get(j, "stream") && json_get(j, "stream")->type == J_BOOL && !json_get(j, "stream")->num)
+	if (json_is_false(json_object_get(j, "stream")))
 		return bad(c, "program_list[%zu] is a UDP (stream=false) program: pep-replay plays TCP only", i);
-	for (size_t k = 0; k < cmds->len; k++) {
-		const struct jnode *cmd = &cmds->kids[k], *name = json_get(cmd, "name");
+	for (size_t k = 0; k < pr->ncmds; k++) {
+		const json_t *cmd = json_array_get(cmds, k);
+		const char *name = json_string_value(json_object_get(cmd, "name"));
 		struct cmd *o = &pr->cmds[k];
 
-		if (!name || name->type != J_STR)
+		if (!name)
 			return bad(c, "program_list[%zu].commands[%zu].name: missing", i, k);
-		if (!strcmp(name->str, "tx")) {
-			const struct jnode *bi = json_get(cmd, "buf_index");
+		if (!strcmp(name, "tx")) {
+			const json_t *bi = json_object_get(cmd, "buf_index");
 
-			if (!bi || bi->type != J_NUM || bi->num < 0 || (size_t)bi->num >= p->nbufs)
+			if (!json_is_number(bi) || json_number_value(bi) < 0 || (size_t)json_number_value(bi) >= p->nbufs)
 				return bad(c, "program_list[%zu].commands[%zu].buf_index: not an index into buf_list "
 					   "(%zu buffers)", i, k, p->nbufs);
 			o->op = OP_TX;
-			o->buf = (uint32_t)bi->num;
+			o->buf = (uint32_t)json_number_value(bi);
 			pr->tx_bytes += p->bufs[o->buf].len;
-		} else if (!strcmp(name->str, "rx")) {
-			const struct jnode *mb = json_get(cmd, "min_bytes"), *cl = json_get(cmd, "clear");
+		} else if (!strcmp(name, "rx")) {
+			const json_t *mb = json_object_get(cmd, "min_bytes"), *cl = json_object_get(cmd, "clear");
 
-			if (!mb || mb->type != J_NUM || mb->num < 0)
+			if (!json_is_number(mb) || json_number_value(mb) < 0)
 				return bad(c, "program_list[%zu].commands[%zu].min_bytes: missing", i, k);
 			o->op = OP_RX;
-			o->min_bytes = (uint64_t)mb->num;
-			o->clear = cl && cl->num != 0;
-		} else if (!strcmp(name->str, "connect")) {
+			o->min_bytes = (uint64_t)json_number_value(mb);
+			o->clear = json_is_true(cl) || json_number_value(cl) != 0;
+		} else if (!strcmp(name, "connect")) {
 			o->op = OP_CONNECT;
-		} else if (!strcmp(name->str, "reset")) {
+		} else if (!strcmp(name, "reset")) {
 			o->op = OP_RESET;
-		} else if (!strcmp(name->str, "nc")) {
+		} else if (!strcmp(name, "nc")) {
 			o->op = OP_NOCLOSE;
 		} else {
 			return bad(c, "program_list[%zu].commands[%zu]: command '%s' is not played by pep-replay "
 				   "(it plays tx, rx, connect, reset, nc: request/response programs without "
-				   "delays, loops or variables)", i, k, name->str);
+				   "delays, loops or variables)", i, k, name);
 		}
 	}
 	return 0;
 }
 
-static int parse_ip(struct ctx *c, const struct jnode *j, const char *where, uint32_t *out)
+static int parse_ip(struct ctx *c, const json_t *j, const char *where, uint32_t *out)
 {
 	struct in_addr a;
 
-	if (!j || j->type != J_STR || inet_pton(AF_INET, j->str, &a) != 1)
+	if (!json_is_string(j) || inet_pton(AF_INET, json_string_value(j), &a) != 1)
 		return bad(c, "%s: missing or not an IPv4 address", where);
 	*out = ntohl(a.s_addr);
 	return 0;
 }
 
-static int get_index(struct ctx *c, const struct jnode *j, size_t limit, const char *where, size_t *out)
+static int get_index(struct ctx *c, const json_t *j, size_t limit, const char *where, size_t *out)
 {
-	if (!j || j->type != J_NUM || j->num < 0 || (size_t)j->num >= limit)
+	if (!json_is_number(j) || json_number_value(j) < 0 || (size_t)json_number_value(j) >= limit)
 		return bad(c, "%s: missing or out of range (0..%zu)", where, limit ? limit - 1 : 0);
-	*out = (size_t)j->num;
+	*out = (size_t)json_number_value(j);
 	return 0;
 }
 
-static int load_assoc(struct ctx *c, const struct jnode *st, size_t i, struct template *t, struct profile *p)
+static int load_assoc(struct ctx *c, const json_t *st, size_t i, struct template *t, struct profile *p)
 {
-	const struct jnode *rule = json_at(json_get(st, "assoc"), 0), *l7, *off, *mask, *val;
+	const json_t *rule = json_array_get(json_object_get(st, "assoc"), 0), *l7, *off, *mask, *val;
 	char where[96];
 
 	t->assoc_port = t->port;
@@ -198,23 +198,23 @@ static int load_assoc(struct ctx *c, const struct jnode *st, size_t i, struct te
 	t->assoc_last = 0xffffffff;
 	if (!rule)
 		return 0;
-	if (json_get(rule, "port"))
-		t->assoc_port = (uint16_t)json_get(rule, "port")->num;
-	if (json_get(rule, "ip_start") || json_get(rule, "ip_end")) {
+	if (json_object_get(rule, "port"))
+		t->assoc_port = (uint16_t)json_number_value(json_object_get(rule, "port"));
+	if (json_object_get(rule, "ip_start") || json_object_get(rule, "ip_end")) {
 		snprintf(where, sizeof(where), "templates[%zu].server_template.assoc[0].ip_start", i);
-		if (parse_ip(c, json_get(rule, "ip_start"), where, &t->assoc_first))
+		if (parse_ip(c, json_object_get(rule, "ip_start"), where, &t->assoc_first))
 			return -1;
 		snprintf(where, sizeof(where), "templates[%zu].server_template.assoc[0].ip_end", i);
-		if (parse_ip(c, json_get(rule, "ip_end"), where, &t->assoc_last))
+		if (parse_ip(c, json_object_get(rule, "ip_end"), where, &t->assoc_last))
 			return -1;
 	}
-	l7 = json_get(rule, "l7_map");
+	l7 = json_object_get(rule, "l7_map");
 	if (!l7)
 		return 0;
-	off = json_get(l7, "offset");
-	mask = json_get(l7, "mask");
-	val = json_get(l7, "value");
-	if (!off || off->type != J_ARR || off->len == 0 || off->len > L7_MAX)
+	off = json_object_get(l7, "offset");
+	mask = json_object_get(l7, "mask");
+	val = json_object_get(l7, "value");
+	if (json_array_size(off) == 0 || json_array_size(off) > L7_MAX)
 		return bad(c, "templates[%zu] l7_map.offset: expected a list of 1..%d byte offsets", i, L7_MAX);
 	/* Without "value", TRex takes the bytes at the offsets from the client's first send. */
 	const struct program *cp = &p->progs[t->cprog];
@@ -223,19 +223,20 @@ static int load_assoc(struct ctx *c, const struct jnode *st, size_t i, struct te
 	for (size_t k = 0; k < cp->ncmds && !first; k++)
 		if (cp->cmds[k].op == OP_TX)
 			first = &p->bufs[cp->cmds[k].buf];
-	t->l7n = off->len;
-	for (size_t k = 0; k < off->len; k++) {
-		double o = off->kids[k].num;
+	t->l7n = json_array_size(off);
+	for (size_t k = 0; k < t->l7n; k++) {
+		const json_t *ok = json_array_get(off, k);
+		double o = json_number_value(ok);
 
-		if (off->kids[k].type != J_NUM || o < 0 || o > L7_MAX_OFFSET)
+		if (!json_is_number(ok) || o < 0 || o > L7_MAX_OFFSET)
 			return bad(c, "templates[%zu] l7_map.offset[%zu]: not a byte offset 0..%d of the request", i, k,
 				   L7_MAX_OFFSET);
 		t->l7off[k] = (uint16_t)o;
-		t->l7mask[k] = mask && json_at(mask, k) ? (uint8_t)json_at(mask, k)->num : 0xff;
+		t->l7mask[k] = json_array_get(mask, k) ? (uint8_t)json_number_value(json_array_get(mask, k)) : 0xff;
 		if (val) {
-			if (!json_at(val, k))
+			if (!json_array_get(val, k))
 				return bad(c, "templates[%zu] l7_map.value: shorter than offset", i);
-			t->l7val[k] = (uint8_t)json_at(val, k)->num;
+			t->l7val[k] = (uint8_t)json_number_value(json_array_get(val, k));
 		} else {
 			if (!first || t->l7off[k] >= first->len)
 				return bad(c, "templates[%zu] l7_map.offset[%zu]=%u is past the client's first send",
@@ -249,81 +250,82 @@ static int load_assoc(struct ctx *c, const struct jnode *st, size_t i, struct te
 	return 0;
 }
 
-static int load_template(struct ctx *c, const struct jnode *j, size_t i, struct profile *p)
+static int load_template(struct ctx *c, const json_t *j, size_t i, struct profile *p)
 {
 	struct template *t = &p->tpl[i];
-	const struct jnode *ct = json_get(j, "client_template"), *st = json_get(j, "server_template");
-	const struct jnode *gen = json_get(ct, "ip_gen");
+	const json_t *ct = json_object_get(j, "client_template"), *st = json_object_get(j, "server_template");
+	const json_t *gen = json_object_get(ct, "ip_gen");
 	char where[96];
 
 	if (!ct || !st)
 		return bad(c, "templates[%zu]: needs client_template and server_template", i);
 	snprintf(where, sizeof(where), "templates[%zu].client_template.program_index", i);
-	if (get_index(c, json_get(ct, "program_index"), p->nprogs, where, &t->cprog))
+	if (get_index(c, json_object_get(ct, "program_index"), p->nprogs, where, &t->cprog))
 		return -1;
 	snprintf(where, sizeof(where), "templates[%zu].server_template.program_index", i);
-	if (get_index(c, json_get(st, "program_index"), p->nprogs, where, &t->sprog))
+	if (get_index(c, json_object_get(st, "program_index"), p->nprogs, where, &t->sprog))
 		return -1;
 	snprintf(where, sizeof(where), "templates[%zu].client_template.ip_gen.dist_client.index", i);
-	if (get_index(c, json_get(json_get(gen, "dist_client"), "index"), p->ndists, where, &t->cdist))
+	if (get_index(c, json_object_get(json_object_get(gen, "dist_client"), "index"), p->ndists, where, &t->cdist))
 		return -1;
 	snprintf(where, sizeof(where), "templates[%zu].client_template.ip_gen.dist_server.index", i);
-	if (get_index(c, json_get(json_get(gen, "dist_server"), "index"), p->ndists, where, &t->sdist))
+	if (get_index(c, json_object_get(json_object_get(gen, "dist_server"), "index"), p->ndists, where, &t->sdist))
 		return -1;
-	const struct jnode *port = json_get(ct, "port"), *cps = json_get(ct, "cps");
+	const json_t *port = json_object_get(ct, "port");
+	double cps = json_number_value(json_object_get(ct, "cps"));
 
-	if (!port || port->type != J_NUM || port->num < 1 || port->num > 65535)
+	if (!json_is_number(port) || json_number_value(port) < 1 || json_number_value(port) > 65535)
 		return bad(c, "templates[%zu].client_template.port: missing or not a TCP port", i);
-	t->port = (uint16_t)port->num;
-	t->cps = cps && cps->type == J_NUM && cps->num > 0 ? cps->num : 1;
+	t->port = (uint16_t)json_number_value(port);
+	t->cps = cps > 0 ? cps : 1;
 	p->cps_sum += t->cps;
 	return load_assoc(c, st, i, t, p);
 }
 
-static int load_tree(struct ctx *c, const struct jnode *root, struct profile *p)
+static int load_tree(struct ctx *c, const json_t *root, struct profile *p)
 {
-	const struct jnode *bufs = json_get(root, "buf_list"), *progs = json_get(root, "program_list");
-	const struct jnode *dists = json_get(root, "ip_gen_dist_list"), *tpls = json_get(root, "templates");
+	const json_t *bufs = json_object_get(root, "buf_list"), *progs = json_object_get(root, "program_list");
+	const json_t *dists = json_object_get(root, "ip_gen_dist_list"), *tpls = json_object_get(root, "templates");
 
-	if (!bufs || !progs || !dists || !tpls || bufs->type != J_ARR || progs->type != J_ARR ||
-	    dists->type != J_ARR || tpls->type != J_ARR)
+	if (!json_is_array(bufs) || !json_is_array(progs) || !json_is_array(dists) || !json_is_array(tpls))
 		return bad(c, "not a compiled ASTF profile (needs buf_list, program_list, ip_gen_dist_list, "
 			   "templates); compile the .py first: replay/compile_profile.py PROFILE.py OUT.json");
-	if (tpls->len == 0)
+	if (json_array_size(tpls) == 0)
 		return bad(c, "templates: empty; nothing to play");
-	p->bufs = calloc(bufs->len + 1, sizeof(*p->bufs));
-	p->progs = calloc(progs->len + 1, sizeof(*p->progs));
-	p->dists = calloc(dists->len + 1, sizeof(*p->dists));
-	p->tpl = calloc(tpls->len + 1, sizeof(*p->tpl));
+	/* Counts first: profile_free() frees every slot, loaded or still zeroed. */
+	p->nbufs = json_array_size(bufs);
+	p->nprogs = json_array_size(progs);
+	p->ndists = json_array_size(dists);
+	p->ntpl = json_array_size(tpls);
+	p->bufs = calloc(p->nbufs + 1, sizeof(*p->bufs));
+	p->progs = calloc(p->nprogs + 1, sizeof(*p->progs));
+	p->dists = calloc(p->ndists + 1, sizeof(*p->dists));
+	p->tpl = calloc(p->ntpl + 1, sizeof(*p->tpl));
 	if (!p->bufs || !p->progs || !p->dists || !p->tpl)
 		return bad(c, "out of memory");
-	/* Counts first: profile_free() frees every slot, loaded or still zeroed. */
-	p->nbufs = bufs->len;
-	p->nprogs = progs->len;
-	p->ndists = dists->len;
-	p->ntpl = tpls->len;
-	for (size_t i = 0; i < bufs->len; i++)
-		if (load_buf(c, &bufs->kids[i], i, &p->bufs[i]))
+	for (size_t i = 0; i < p->nbufs; i++)
+		if (load_buf(c, json_array_get(bufs, i), i, &p->bufs[i]))
 			return -1;
-	for (size_t i = 0; i < progs->len; i++)
-		if (load_program(c, &progs->kids[i], i, p))
+	for (size_t i = 0; i < p->nprogs; i++)
+		if (load_program(c, json_array_get(progs, i), i, p))
 			return -1;
-	for (size_t i = 0; i < dists->len; i++) {
-		const struct jnode *d = &dists->kids[i], *dist = json_get(d, "distribution");
+	for (size_t i = 0; i < p->ndists; i++) {
+		const json_t *d = json_array_get(dists, i);
+		const char *dist = json_string_value(json_object_get(d, "distribution"));
 		char where[64];
 
 		snprintf(where, sizeof(where), "ip_gen_dist_list[%zu].ip_start", i);
-		if (parse_ip(c, json_get(d, "ip_start"), where, &p->dists[i].first))
+		if (parse_ip(c, json_object_get(d, "ip_start"), where, &p->dists[i].first))
 			return -1;
 		snprintf(where, sizeof(where), "ip_gen_dist_list[%zu].ip_end", i);
-		if (parse_ip(c, json_get(d, "ip_end"), where, &p->dists[i].last))
+		if (parse_ip(c, json_object_get(d, "ip_end"), where, &p->dists[i].last))
 			return -1;
 		if (p->dists[i].last < p->dists[i].first)
 			return bad(c, "ip_gen_dist_list[%zu]: ip_end is before ip_start", i);
-		p->dists[i].random = dist && dist->type == J_STR && !strcmp(dist->str, "rand");
+		p->dists[i].random = dist && !strcmp(dist, "rand");
 	}
-	for (size_t i = 0; i < tpls->len; i++)
-		if (load_template(c, &tpls->kids[i], i, p))
+	for (size_t i = 0; i < p->ntpl; i++)
+		if (load_template(c, json_array_get(tpls, i), i, p))
 			return -1;
 	return 0;
 }
@@ -331,40 +333,21 @@ static int load_tree(struct ctx *c, const struct jnode *root, struct profile *p)
 int profile_load(struct profile *p, const char *path, char *err, size_t errlen)
 {
 	struct ctx c = { .path = path, .err = err, .errlen = errlen };
-	char jerr[160];
+	json_error_t jerr;
 	FILE *f = fopen(path, "rb");
-	char *text = NULL;
-	size_t n = 0, cap = 0;
+	json_t *root;
 	int rc;
 
 	memset(p, 0, sizeof(*p));
 	if (!f)
 		return bad(&c, "cannot open: %s", strerror(errno));
-	for (;;) {
-		if (n == cap) {
-			char *t = realloc(text, cap = cap ? cap * 2 : 1 << 16);
-
-			if (!t) {
-				free(text);
-				fclose(f);
-				return bad(&c, "out of memory");
-			}
-			text = t;
-		}
-		size_t r = fread(text + n, 1, cap - n, f);
-
-		if (r == 0)
-			break;
-		n += r;
-	}
+	/* Any top-level value: a number or a list gets the message below that says what a profile is. */
+	root = json_loadf(f, JSON_DECODE_ANY, &jerr);
 	fclose(f);
-	struct jnode *root = json_parse(text, n, jerr, sizeof(jerr));
-
-	free(text);
 	if (!root)
-		return bad(&c, "not valid JSON: %s", jerr);
+		return bad(&c, "not valid JSON: line %d, column %d: %s", jerr.line, jerr.column, jerr.text);
 	rc = load_tree(&c, root, p);
-	json_free(root);
+	json_decref(root);
 	if (rc)
 		profile_free(p);
 	return rc;
