@@ -1,5 +1,8 @@
 #include "report.h"
 
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,73 +69,86 @@ static double per_s(const struct report *r, double v)
 	return r->elapsed_s > 0 ? v / r->elapsed_s : 0;
 }
 
-static void json_lat(FILE *f, const char *name, const struct samples *s, int last)
+/* v rounded to 1/scale: seconds are reported to the ms and rates to a tenth, as
+ * they always were (latencies are whole microseconds already). */
+static double rounded(double v, double scale)
 {
-	fprintf(f, "    \"%s\": {\"count\": %zu, \"p50\": %.3f, \"p90\": %.3f, \"p99\": %.3f, \"max\": %.3f}%s\n",
-		name, s->n, pct_ms(s, 50), pct_ms(s, 90), pct_ms(s, 99), s->n ? s->v[s->n - 1] / 1000.0 : 0,
-		last ? "" : ",");
+	return nearbyint(v * scale) / scale;
 }
 
-static void json_str(FILE *f, const char *s)
+static json_t *json_lat(const struct samples *s)
 {
-	fputc('"', f);
-	for (; s && *s; s++) {
-		if (*s == '"' || *s == '\\')
-			fprintf(f, "\\%c", *s);
-		else if ((unsigned char)*s < 0x20)
-			fprintf(f, "\\u%04x", *s);
-		else
-			fputc(*s, f);
+	return json_pack("{s:I, s:f, s:f, s:f, s:f}", "count", (json_int_t)s->n, "p50", pct_ms(s, 50),
+			 "p90", pct_ms(s, 90), "p99", pct_ms(s, 99), "max", s->n ? s->v[s->n - 1] / 1000.0 : 0.0);
+}
+
+/* A whole number is written as an integer ({"concurrency": 64}), as %g did. */
+static json_t *json_number(double v)
+{
+	return v == nearbyint(v) && fabs(v) < 1e15 ? json_integer((json_int_t)v) : json_real(v);
+}
+
+static json_t *report_json(struct report *r)
+{
+	json_t *errors = json_object(), *templates = json_array(), *profile = json_string(r->profile);
+	int failed = !errors || !templates || !profile;
+
+	for (int k = 0; !failed && k < ERR__COUNT; k++)
+		failed = json_object_set_new(errors, err_name(k), json_integer((json_int_t)r->errors[k]));
+	for (size_t i = 0; !failed && i < r->ntpl; i++)
+		failed = json_array_append_new(templates, json_pack("{s:I, s:I, s:I, s:I, s:I}", "index", (json_int_t)i,
+				"transactions_ok", (json_int_t)r->tpl[i].ok, "transactions_failed",
+				(json_int_t)r->tpl[i].failed, "bytes_tx", (json_int_t)r->tpl[i].bytes_tx,
+				"bytes_rx", (json_int_t)r->tpl[i].bytes_rx));
+	if (failed) {
+		/* out of memory, or a profile path that is not UTF-8 (JSON strings must be) */
+		errno = profile ? ENOMEM : EILSEQ;
+		json_decref(errors);
+		json_decref(templates);
+		json_decref(profile);
+		return NULL;
 	}
-	fputc('"', f);
+	/* "o" steals each reference, also when json_pack fails; a NULL part fails it. */
+	return json_pack("{s:s, s:s, s:s, s:o, s:o, s:f, s:f,"
+			 " s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:o,"
+			 " s:{s:f, s:f, s:I, s:I}, s:{s:o, s:o, s:o}, s:o, s:{s:I}}",
+		"schema", "pep-replay-report/1", "tool", "pep-replay", "role", r->role, "profile", profile,
+		"mode", r->mode ? json_pack("{s:o}", r->mode, json_number(r->mode_value)) : json_null(),
+		"duration_s", rounded(r->duration_s, 1000), "elapsed_s", rounded(r->elapsed_s, 1000),
+		"counters",
+		"conn_attempts", (json_int_t)r->conn_attempts, "conn_established", (json_int_t)r->conn_established,
+		"conn_accepted", (json_int_t)r->conn_accepted, "conn_closed", (json_int_t)r->conn_closed,
+		"bytes_tx", (json_int_t)r->bytes_tx, "bytes_rx", (json_int_t)r->bytes_rx,
+		"transactions_ok", (json_int_t)r->trans_ok, "transactions_failed", (json_int_t)r->trans_failed,
+		"rate_dropped", (json_int_t)r->rate_dropped,
+		"errors", errors,
+		"rates",
+		"transactions_per_s", rounded(per_s(r, (double)r->trans_ok), 10),
+		"connections_per_s",
+		rounded(per_s(r, (double)(r->conn_attempts ? r->conn_attempts : r->conn_accepted)), 10),
+		"tx_bits_per_s", (json_int_t)nearbyint(per_s(r, 8.0 * (double)r->bytes_tx)),
+		"rx_bits_per_s", (json_int_t)nearbyint(per_s(r, 8.0 * (double)r->bytes_rx)),
+		"latency_ms", "connect", json_lat(&r->connect), "ttfb", json_lat(&r->ttfb),
+		"complete", json_lat(&r->complete),
+		"templates", templates,
+		"addresses", "distinct", (json_int_t)r->distinct_addrs);
 }
 
 int report_write_json(struct report *r, FILE *f)
 {
+	json_t *doc;
+	int rc;
+
 	sort_samples(r);
-	fprintf(f, "{\n  \"schema\": \"pep-replay-report/1\",\n  \"tool\": \"pep-replay\",\n  \"role\": ");
-	json_str(f, r->role);
-	fprintf(f, ",\n  \"profile\": ");
-	json_str(f, r->profile);
-	fprintf(f, ",\n  \"mode\": ");
-	if (r->mode) {
-		fprintf(f, "{");
-		json_str(f, r->mode);
-		fprintf(f, ": %g}", r->mode_value);
-	} else {
-		fprintf(f, "null");
-	}
-	fprintf(f, ",\n  \"duration_s\": %.3f,\n  \"elapsed_s\": %.3f,\n", r->duration_s, r->elapsed_s);
-	fprintf(f, "  \"counters\": {\n"
-		"    \"conn_attempts\": %llu,\n    \"conn_established\": %llu,\n    \"conn_accepted\": %llu,\n"
-		"    \"conn_closed\": %llu,\n    \"bytes_tx\": %llu,\n    \"bytes_rx\": %llu,\n"
-		"    \"transactions_ok\": %llu,\n    \"transactions_failed\": %llu,\n    \"rate_dropped\": %llu\n  },\n",
-		(unsigned long long)r->conn_attempts, (unsigned long long)r->conn_established,
-		(unsigned long long)r->conn_accepted, (unsigned long long)r->conn_closed,
-		(unsigned long long)r->bytes_tx, (unsigned long long)r->bytes_rx,
-		(unsigned long long)r->trans_ok, (unsigned long long)r->trans_failed,
-		(unsigned long long)r->rate_dropped);
-	fprintf(f, "  \"errors\": {");
-	for (int k = 0; k < ERR__COUNT; k++)
-		fprintf(f, "%s\"%s\": %llu", k ? ", " : "", err_name(k), (unsigned long long)r->errors[k]);
-	fprintf(f, "},\n");
-	fprintf(f, "  \"rates\": {\"transactions_per_s\": %.1f, \"connections_per_s\": %.1f, "
-		"\"tx_bits_per_s\": %.0f, \"rx_bits_per_s\": %.0f},\n",
-		per_s(r, (double)r->trans_ok),
-		per_s(r, (double)(r->conn_attempts ? r->conn_attempts : r->conn_accepted)),
-		per_s(r, 8.0 * (double)r->bytes_tx), per_s(r, 8.0 * (double)r->bytes_rx));
-	fprintf(f, "  \"latency_ms\": {\n");
-	json_lat(f, "connect", &r->connect, 0);
-	json_lat(f, "ttfb", &r->ttfb, 0);
-	json_lat(f, "complete", &r->complete, 1);
-	fprintf(f, "  },\n  \"templates\": [");
-	for (size_t i = 0; i < r->ntpl; i++)
-		fprintf(f, "%s\n    {\"index\": %zu, \"transactions_ok\": %llu, \"transactions_failed\": %llu, "
-			"\"bytes_tx\": %llu, \"bytes_rx\": %llu}", i ? "," : "", i,
-			(unsigned long long)r->tpl[i].ok, (unsigned long long)r->tpl[i].failed,
-			(unsigned long long)r->tpl[i].bytes_tx, (unsigned long long)r->tpl[i].bytes_rx);
-	fprintf(f, "\n  ],\n  \"addresses\": {\"distinct\": %zu}\n}\n", r->distinct_addrs);
-	return ferror(f) ? -1 : 0;
+	doc = report_json(r);
+	if (!doc)
+		return -1;
+	/* 15 digits print each rounded value as its decimal (0.1, not 0.10000000000000001). */
+	rc = json_dumpf(doc, f, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
+	json_decref(doc);
+	if (rc || fputc('\n', f) == EOF || ferror(f))
+		return -1;
+	return 0;
 }
 
 static void row(FILE *f, const char *name, unsigned long long v)
