@@ -11,11 +11,13 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <arpa/inet.h>
+#include <jansson.h>
 #include <linux/ethtool.h>
 #include <linux/if_ether.h>
 #include <linux/sockios.h>
 #include <linux/if_packet.h>
 #include <linux/virtio_net.h>
+#include <math.h>
 #include <net/if.h>
 #include <poll.h>
 #include <pthread.h>
@@ -31,6 +33,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/eventfd.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -42,7 +45,6 @@
  * overloaded emulator behind a huge queue; overflow shows as drop_rx. */
 #define RX_BUF (8 << 20)
 #define TX_BUF (4 << 20)
-#define REPLY_MAX 8192
 
 static volatile int stop_flag;
 static struct path paths[NDIRS];
@@ -155,16 +157,17 @@ static int open_tx(const char *ifn, int ifindex)
 }
 
 /* Pool needed by one direction: rate x (delay + jitter + queue), plus entry
- * headers (~4% for full frames). Unlimited rate: nothing to check here. */
-static int pool_warnings(char *buf, size_t len)
+ * headers (~4% for full frames). Unlimited rate: nothing to check here.
+ * Returns the warnings as a JSON array of strings (NULL when out of memory). */
+static json_t *pool_warnings(void)
 {
-	int n = 0;
+	json_t *list = json_array();
 
-	buf[0] = '\0';
-	for (int d = 0; d < NDIRS; d++) {
+	for (int d = 0; list && d < NDIRS; d++) {
 		const struct link_params *lp = &cur[d];
 		double hold_ms = lp->delay_ms + lp->jitter_ms * (lp->jitter_dist == JITTER_NORMAL ? 3 : 1);
 		double need;
+		char text[256];
 
 		double rate = lp->trace ? lp->trace->mean_bps : (double)lp->rate_bps;
 
@@ -172,17 +175,20 @@ static int pool_warnings(char *buf, size_t len)
 			continue;
 		need = rate / 8 * (hold_ms + lp->limit_ms) / 1000 + (double)lp->limit_bytes;
 		if (!lp->limit_ms && !lp->limit_bytes && !lp->limit_pkts)
-			n += snprintf(buf + n, len - (size_t)n, "%s\"%s: rate without limit_ms/limit_bytes/limit_pkts: "
-				      "the queue is bounded only by the pool\"", n ? ", " : "", dir_names[d]);
+			snprintf(text, sizeof(text), "%s: rate without limit_ms/limit_bytes/limit_pkts: "
+				 "the queue is bounded only by the pool", dir_names[d]);
 		else if (need * 1.05 > (double)paths[d].pool.size)
-			n += snprintf(buf + n, len - (size_t)n, "%s\"%s: rate x (delay + jitter + limit) "
-				      "needs %.0f MiB, pool has %llu MiB: raise --pool-mb\"", n ? ", " : "",
-				      dir_names[d], need * 1.05 / (1 << 20),
-				      (unsigned long long)(paths[d].pool.size >> 20));
-		if ((size_t)n >= len)
-			break;
+			snprintf(text, sizeof(text), "%s: rate x (delay + jitter + limit) needs %.0f MiB, "
+				 "pool has %llu MiB: raise --pool-mb", dir_names[d], need * 1.05 / (1 << 20),
+				 (unsigned long long)(paths[d].pool.size >> 20));
+		else
+			continue;
+		if (json_array_append_new(list, json_string(text))) {
+			json_decref(list);
+			return NULL;
+		}
 	}
-	return n;
+	return list;
 }
 
 static void collect_kernel_drops(void)
@@ -197,67 +203,40 @@ static void collect_kernel_drops(void)
 	}
 }
 
-/* JSON string body: the error texts are ours, but may quote user input. */
-static void json_escape(const char *s, char *out, size_t len)
+/* The answers: JSON objects with "ok"; serve_one() and write_stats() print them
+ * as one line each. All return a new reference, or NULL when out of memory. */
+static json_t *stats_answer(void)
 {
-	size_t o = 0;
-
-	for (; *s && o + 7 < len; s++) {
-		unsigned char c = (unsigned char)*s;
-
-		if (c == '"' || c == '\\')
-			o += (size_t)snprintf(out + o, len - o, "\\%c", c);
-		else if (c < 0x20)
-			o += (size_t)snprintf(out + o, len - o, "\\u%04x", c);
-		else
-			out[o++] = (char)c;
-	}
-	out[o] = '\0';
-}
-
-static int stats_json(char *buf, size_t len)
-{
-	char a[64], b[64];
-	int n;
-
 	collect_kernel_drops();
-	json_escape(if_name[0], a, sizeof(a));
-	json_escape(if_name[1], b, sizeof(b));
-	n = snprintf(buf, len, "{\"ok\": true, \"uptime_s\": %.3f, \"a\": \"%s\", \"b\": \"%s\", "
-		     "\"pool_bytes\": %llu", (double)(now_ns() - start_ns) / 1e9, a, b,
-		     (unsigned long long)paths[0].pool.size);
-	for (int d = 0; d < NDIRS && (size_t)n < len; d++) {
-		n += snprintf(buf + n, len - (size_t)n, ", \"%s\": ", dir_names[d]);
-		if ((size_t)n < len)
-			n += path_stats_json(&paths[d], buf + n, len - (size_t)n);
-	}
-	if ((size_t)n < len)
-		n += snprintf(buf + n, len - (size_t)n, "}");
-	return n;
+	/* Seconds to the ms, as they have always been given. */
+	return json_pack("{s:b, s:f, s:o, s:o, s:I, s:o, s:o}", "ok", 1,
+			 "uptime_s", nearbyint((double)(now_ns() - start_ns) / 1e6) / 1e3,
+			 "a", json_text(if_name[0]), "b", json_text(if_name[1]),
+			 "pool_bytes", (json_int_t)paths[0].pool.size,
+			 dir_names[0], path_stats_json(&paths[0]), dir_names[1], path_stats_json(&paths[1]));
 }
 
-static int params_reply(char *buf, size_t len)
+static json_t *params_answer(void)
 {
-	char warn[1024];
-	int n = snprintf(buf, len, "{\"ok\": true");
-
-	for (int d = 0; d < NDIRS && (size_t)n < len; d++) {
-		n += snprintf(buf + n, len - (size_t)n, ", \"%s\": ", dir_names[d]);
-		if ((size_t)n < len)
-			n += params_json(&cur[d], buf + n, len - (size_t)n);
-	}
-	pool_warnings(warn, sizeof(warn));
-	if ((size_t)n < len)
-		n += snprintf(buf + n, len - (size_t)n, ", \"warnings\": [%s]}", warn);
-	return n;
+	return json_pack("{s:b, s:o, s:o, s:o}", "ok", 1, dir_names[0], params_json(&cur[0]),
+			 dir_names[1], params_json(&cur[1]), "warnings", pool_warnings());
 }
 
-static int error_reply(char *buf, size_t len, const char *msg)
+static json_t *error_answer(const char *msg)
 {
-	char esc[1024];
+	return json_pack("{s:b, s:o}", "ok", 0, "error", json_text(msg));
+}
 
-	json_escape(msg, esc, sizeof(esc));
-	return snprintf(buf, len, "{\"ok\": false, \"error\": \"%s\"}", esc);
+/* One line of JSON text (malloc'ed), without the newline. The layout is
+ * {"key": value, ...}: flags 0 write no newline and keep the space after ':'
+ * and ','. Reals with 15 digits print as their decimal (0.1, not
+ * 0.10000000000000001). Takes the answer's reference. */
+static char *answer_text(json_t *answer)
+{
+	char *text = answer ? json_dumps(answer, JSON_REAL_PRECISION(15)) : NULL;
+
+	json_decref(answer);
+	return text ? text : strdup("{\"ok\": false, \"error\": \"out of memory\"}");
 }
 
 /* Applies KEY=VALUE words to a copy; publishes only if all of them are valid. */
@@ -280,43 +259,44 @@ static int apply_words(char **words, int n, int from_defaults, char *err, size_t
 	return 0;
 }
 
-static int handle_command(char *line, char *reply, size_t len)
+static json_t *handle_command(char *line)
 {
 	char *words[128], *save = NULL, err[1024];
 	int n = 0;
 
 	for (char *w = strtok_r(line, " \t\r\n", &save); w; w = strtok_r(NULL, " \t\r\n", &save)) {
 		if (n == 128)
-			return error_reply(reply, len, "more than 127 KEY=VALUE words in one command");
+			return error_answer("more than 127 KEY=VALUE words in one command");
 		words[n++] = w;
 	}
 	if (n == 0)
-		return error_reply(reply, len, "empty command; commands: stats, params, set KEY=VALUE..., "
-				   "replace KEY=VALUE..., stop");
+		return error_answer("empty command; commands: stats, params, set KEY=VALUE..., "
+				    "replace KEY=VALUE..., stop");
 	if (!strcmp(words[0], "stats") && n == 1)
-		return stats_json(reply, len);
+		return stats_answer();
 	if (!strcmp(words[0], "params") && n == 1)
-		return params_reply(reply, len);
+		return params_answer();
 	if (!strcmp(words[0], "set") || !strcmp(words[0], "replace")) {
 		if (apply_words(words + 1, n - 1, words[0][0] == 'r', err, sizeof(err)))
-			return error_reply(reply, len, err);
-		return params_reply(reply, len);
+			return error_answer(err);
+		return params_answer();
 	}
 	if (!strcmp(words[0], "stop") && n == 1) {
 		stop_flag = 1;
-		return snprintf(reply, len, "{\"ok\": true}");
+		return json_pack("{s:b}", "ok", 1);
 	}
 	snprintf(err, sizeof(err), "unknown command '%s'; commands: stats, params, set KEY=VALUE..., "
 		 "replace KEY=VALUE..., stop", words[0]);
-	return error_reply(reply, len, err);
+	return error_answer(err);
 }
 
 /* One request per connection: read a line (1 s budget), answer, close. */
 static void serve_one(int lfd)
 {
-	char line[4096], reply[REPLY_MAX];
+	char line[4096], *reply;
 	size_t got = 0;
-	int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC), n;
+	int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+	struct iovec iov[2] = { { 0 }, { .iov_base = "\n", .iov_len = 1 } };
 	struct pollfd pfd = { .events = POLLIN };
 	uint64_t deadline = now_ns() + 1000000000ull;
 
@@ -336,24 +316,27 @@ static void serve_one(int lfd)
 	}
 	line[got] = '\0';
 	if (got == sizeof(line) - 1 && !memchr(line, '\n', got))
-		n = error_reply(reply, sizeof(reply) - 2, "command longer than 4095 bytes; nothing done");
+		reply = answer_text(error_answer("command longer than 4095 bytes; nothing done"));
 	else
-		n = handle_command(line, reply, sizeof(reply) - 2);
-	if (n > (int)sizeof(reply) - 2)
-		n = (int)sizeof(reply) - 2;
-	reply[n++] = '\n';
-	if (write(fd, reply, (size_t)n) < 0) {
-		/* The client went away; nothing to tell it. */
+		reply = answer_text(handle_command(line));
+	if (reply) {
+		iov[0] = (struct iovec){ .iov_base = reply, .iov_len = strlen(reply) };
+		if (writev(fd, iov, 2) < 0) {
+			/* The client went away; nothing to tell it. */
+		}
 	}
+	free(reply);
 	close(fd);
 }
 
 /* Stats go to stdout as one JSON line, and to --stats-out if given. */
-static void write_stats(const char *json, const char *stats_out)
+static void write_stats(const char *stats_out)
 {
-	char tmp[4096];
+	char tmp[4096], *json = answer_text(stats_answer());
 	FILE *f;
 
+	if (!json)
+		return;
 	printf("%s\n", json);
 	fflush(stdout);
 	if (!stats_out)
@@ -363,6 +346,7 @@ static void write_stats(const char *json, const char *stats_out)
 	f = fopen(tmp, "w");
 	if (!f || fprintf(f, "%s\n", json) < 0 || fclose(f) || rename(tmp, stats_out))
 		fprintf(stderr, "linkem: write --stats-out %s: %s\n", stats_out, strerror(errno));
+	free(json);
 }
 
 static int open_ctl(const char *path)
@@ -405,7 +389,7 @@ int main(int argc, char **argv)
 	double duration = 0;
 	unsigned long long pool_mb = 64, seed = 0;
 	int have_seed = 0, opt, ifindex[NDIRS], max_mtu = 0, lfd = -1, sfd, exit_code = 0;
-	char err[1024], *end, reply[REPLY_MAX];
+	char err[1024], *end;
 	pthread_t thr[NDIRS];
 	sigset_t sigs;
 
@@ -500,8 +484,12 @@ int main(int argc, char **argv)
 		p->stop = &stop_flag;
 		path_publish(p, &cur[d]);
 	}
-	if (pool_warnings(err, sizeof(err)))
-		fprintf(stderr, "linkem: warning: %s\n", err);
+	json_t *warnings = pool_warnings(), *w;
+	size_t i;
+
+	json_array_foreach(warnings, i, w)
+		fprintf(stderr, "linkem: warning: %s\n", json_string_value(w));
+	json_decref(warnings);
 	start_ns = now_ns();
 	for (int d = 0; d < NDIRS; d++) {
 		int rc = pthread_create(&thr[d], NULL, path_thread, &paths[d]);
@@ -548,10 +536,8 @@ int main(int argc, char **argv)
 				si.ssi_signo = 0;
 			if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM)
 				break;
-			if (si.ssi_signo == SIGUSR1) {
-				stats_json(reply, sizeof(reply));
-				write_stats(reply, stats_out);
-			}
+			if (si.ssi_signo == SIGUSR1)
+				write_stats(stats_out);
 		}
 		if (lfd >= 0 && (pfd[1].revents & POLLIN))
 			serve_one(lfd);
@@ -570,8 +556,7 @@ int main(int argc, char **argv)
 		close(lfd);
 		unlink(ctl);
 	}
-	stats_json(reply, sizeof(reply));
-	write_stats(reply, stats_out);
+	write_stats(stats_out);
 	for (int d = 0; d < NDIRS; d++) {
 		if (paths[d].last_errno)
 			fprintf(stderr, "linkem: %s: last socket error: %s\n", dir_names[d],

@@ -1,4 +1,4 @@
-/* KEY=VALUE parsing and JSON printing of link parameters (see params.h). */
+/* KEY=VALUE parsing and the JSON form of link parameters (see params.h). */
 #include "params.h"
 
 #include <errno.h>
@@ -211,18 +211,39 @@ int params_apply_kv(struct link_params p[NDIRS], const char *kv, char *err, size
 	return rc ? -1 : 0;
 }
 
-int params_json(const struct link_params *p, char *buf, size_t len)
+json_t *json_text(const char *s)
 {
-	return snprintf(buf, len,
-			"{\"delay\": %.9g, \"jitter\": %.9g, \"jitter_dist\": \"%s\", \"reorder\": %d, "
-			"\"loss\": %.9g, \"ge_p\": %.9g, \"ge_r\": %.9g, \"ge_loss_bad\": %.9g, "
-			"\"ge_loss_good\": %.9g, \"rate\": %llu, \"limit_bytes\": %llu, \"limit_ms\": %.9g, "
-			"\"limit_pkts\": %llu, \"trace\": %s%s%s, \"trace_mean_bps\": %.0f, \"trace_period_ms\": %llu}",
-			p->delay_ms, p->jitter_ms, p->jitter_dist == JITTER_NORMAL ? "normal" : "uniform",
-			p->reorder, p->loss_pct, p->ge_p_pct, p->ge_r_pct, p->ge_loss_bad_pct,
-			p->ge_loss_good_pct, (unsigned long long)p->rate_bps,
-			(unsigned long long)p->limit_bytes, p->limit_ms, (unsigned long long)p->limit_pkts,
-			p->trace ? "\"" : "", p->trace ? p->trace->path : "null", p->trace ? "\"" : "",
-			p->trace ? p->trace->mean_bps : 0.0,
-			(unsigned long long)(p->trace ? p->trace->period_ms : 0));
+	json_t *j = json_string(s);
+	char *copy;
+
+	if (j || !(copy = strdup(s)))
+		return j;
+	/* Not UTF-8 (a message may quote the user's bytes): each byte above ASCII becomes '?'. */
+	for (char *c = copy; *c; c++)
+		if ((unsigned char)*c >= 0x80)
+			*c = '?';
+	j = json_string(copy);
+	free(copy);
+	return j;
+}
+
+/* %.9g-like: a whole value stays an integer ("delay": 25), a fraction is a real ("loss": 0.1). */
+static json_t *json_number(double v)
+{
+	return v == nearbyint(v) && fabs(v) < 1e15 ? json_integer((json_int_t)v) : json_real(v);
+}
+
+json_t *params_json(const struct link_params *p)
+{
+	return json_pack("{s:o, s:o, s:s, s:i, s:o, s:o, s:o, s:o, s:o, s:I, s:I, s:o, s:I, s:o, s:I, s:I}",
+			 "delay", json_number(p->delay_ms), "jitter", json_number(p->jitter_ms),
+			 "jitter_dist", p->jitter_dist == JITTER_NORMAL ? "normal" : "uniform",
+			 "reorder", p->reorder, "loss", json_number(p->loss_pct),
+			 "ge_p", json_number(p->ge_p_pct), "ge_r", json_number(p->ge_r_pct),
+			 "ge_loss_bad", json_number(p->ge_loss_bad_pct), "ge_loss_good", json_number(p->ge_loss_good_pct),
+			 "rate", (json_int_t)p->rate_bps, "limit_bytes", (json_int_t)p->limit_bytes,
+			 "limit_ms", json_number(p->limit_ms), "limit_pkts", (json_int_t)p->limit_pkts,
+			 "trace", p->trace ? json_text(p->trace->path) : json_null(),
+			 "trace_mean_bps", (json_int_t)(p->trace ? nearbyint(p->trace->mean_bps) : 0),
+			 "trace_period_ms", (json_int_t)(p->trace ? p->trace->period_ms : 0));
 }

@@ -8,6 +8,7 @@
 #ifndef LINKEM_PARAMS_H
 #define LINKEM_PARAMS_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -54,7 +55,11 @@ void params_default(struct link_params *p);
  * Returns 0, or -1 with a message naming the key and the accepted form. */
 int params_apply_kv(struct link_params p[NDIRS], const char *kv, char *err, size_t errlen);
 
-/* JSON object text of one direction's parameters into buf; returns length. */
-int params_json(const struct link_params *p, char *buf, size_t len);
+/* One direction's parameters as a JSON object, under the keys `set` takes
+ * (new reference; NULL when out of memory). */
+json_t *params_json(const struct link_params *p);
+
+/* A JSON string of s; bytes that are not UTF-8 become '?' (NULL when out of memory). */
+json_t *json_text(const char *s);
 
 #endif

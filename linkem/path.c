@@ -588,25 +588,27 @@ void *path_thread(void *arg)
 	return NULL;
 }
 
-int path_stats_json(struct path *p, char *buf, size_t len)
+/* Milliseconds to the µs, as the stats have always been given. */
+static double ms3(double ms)
 {
-	uint64_t now = now_ns(), lf = ST_GET(p, link_free_ns);
+	return nearbyint(ms * 1000) / 1000;
+}
+
+json_t *path_stats_json(struct path *p)
+{
+	uint64_t now = now_ns(), lf = ST_GET(p, link_free_ns), qpkts = ST_GET(p, qdelay_pkts);
 	double qms = lf > now ? (double)(lf - now) / 1e6 : 0;
 
-	return snprintf(buf, len,
-			"{\"in_pkts\": %llu, \"in_bytes\": %llu, \"out_pkts\": %llu, \"out_bytes\": %llu, "
-			"\"drop_loss\": %llu, \"drop_queue\": %llu, \"drop_pool\": %llu, "
-			"\"drop_oversize\": %llu, \"drop_rx\": %llu, \"tx_errors\": %llu, "
-			"\"queue_pkts\": %llu, \"queue_bytes\": %llu, \"queue_ms\": %.3f, "
-			"\"held_pkts\": %llu, \"held_bytes\": %llu, \"queue_delay_ms_avg\": %.3f, "
-			"\"queue_delay_ms_max\": %.3f}",
-			(unsigned long long)ST_GET(p, in_pkts), (unsigned long long)ST_GET(p, in_bytes),
-			(unsigned long long)ST_GET(p, out_pkts), (unsigned long long)ST_GET(p, out_bytes),
-			(unsigned long long)ST_GET(p, drop_loss), (unsigned long long)ST_GET(p, drop_queue),
-			(unsigned long long)ST_GET(p, drop_pool), (unsigned long long)ST_GET(p, drop_oversize),
-			(unsigned long long)p->rx_kernel_drops, (unsigned long long)ST_GET(p, tx_errors),
-			(unsigned long long)ST_GET(p, queue_pkts), (unsigned long long)ST_GET(p, queue_bytes),
-			qms, (unsigned long long)ST_GET(p, held_pkts), (unsigned long long)ST_GET(p, held_bytes),
-			ST_GET(p, qdelay_pkts) ? (double)ST_GET(p, qdelay_sum_ns) / (double)ST_GET(p, qdelay_pkts) / 1e6 : 0.0,
-			(double)ST_GET(p, qdelay_max_ns) / 1e6);
+	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:f, s:f}",
+			 "in_pkts", (json_int_t)ST_GET(p, in_pkts), "in_bytes", (json_int_t)ST_GET(p, in_bytes),
+			 "out_pkts", (json_int_t)ST_GET(p, out_pkts), "out_bytes", (json_int_t)ST_GET(p, out_bytes),
+			 "drop_loss", (json_int_t)ST_GET(p, drop_loss), "drop_queue", (json_int_t)ST_GET(p, drop_queue),
+			 "drop_pool", (json_int_t)ST_GET(p, drop_pool),
+			 "drop_oversize", (json_int_t)ST_GET(p, drop_oversize),
+			 "drop_rx", (json_int_t)p->rx_kernel_drops, "tx_errors", (json_int_t)ST_GET(p, tx_errors),
+			 "queue_pkts", (json_int_t)ST_GET(p, queue_pkts), "queue_bytes", (json_int_t)ST_GET(p, queue_bytes),
+			 "queue_ms", ms3(qms),
+			 "held_pkts", (json_int_t)ST_GET(p, held_pkts), "held_bytes", (json_int_t)ST_GET(p, held_bytes),
+			 "queue_delay_ms_avg", ms3(qpkts ? (double)ST_GET(p, qdelay_sum_ns) / (double)qpkts / 1e6 : 0.0),
+			 "queue_delay_ms_max", ms3((double)ST_GET(p, qdelay_max_ns) / 1e6));
 }

@@ -81,8 +81,8 @@ int path_init(struct path *p, int dir, uint64_t pool_bytes, size_t max_frame, ui
 void path_free(struct path *p);
 void path_publish(struct path *p, const struct link_params *lp);
 void *path_thread(void *arg);
-/* Appends this direction's counters as a JSON object; returns length. */
-int path_stats_json(struct path *p, char *buf, size_t len);
+/* This direction's counters as a JSON object (new reference; NULL when out of memory). */
+json_t *path_stats_json(struct path *p);
 uint64_t now_ns(void);
 
 #endif
