@@ -197,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shorts", type=int, default=5, help="100 KB flows per measurement (0: none)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cap", type=float, default=60, help="seconds a transfer may take (then: what arrived)")
+    ap.add_argument("--congestion", default="bbr", help="the PEP's congestion control toward the subscriber "
+                    "(pep_radio, bbr, cubic...)")
     ap.add_argument("--name", default="pep-gain", help="results/NAME.json and .png")
     args = ap.parse_args(argv)
     if any(s not in OBJECTS for s in args.sizes):
@@ -204,13 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     cells = list(itertools.product(args.rtts, args.losses, args.rates))
     print(f"{len(cells)} cells x {args.reps} reps x 2 modes; transfers capped at {args.cap:g} s", flush=True)
     with ExitStack() as stack:
-        lab = labs(stack, {"lab": ["--link", "none"]})["lab"]
+        lab = labs(stack, {"lab": ["--link", "none", "--congestion", args.congestion]})["lab"]
         results = run_grid(lab, cells, args, log=lambda m: print(m, flush=True))
     keys = list(results[0]["proxy"]) if results else []
     main_key = next((k for k in keys if k.startswith("down_")), keys[0] if keys else "")
     write_report(args.name, {"command": "./scripts/bench pep-gain " + " ".join(sys.argv[1:] if argv is None else argv),
-                             "commit": git_rev(), "grid": {"rtts": args.rtts, "losses": args.losses,
-                                                           "rates": args.rates}, "reps": args.reps,
+                             "commit": git_rev(), "congestion": args.congestion,
+                             "grid": {"rtts": args.rtts, "losses": args.losses, "rates": args.rates}, "reps": args.reps,
                              "cap_s": args.cap, "cells": results},
                  table(results, main_key), plot_grid(results, keys))
     write_markdown(os.path.join(RESULTS, f"{args.name}.md"), results, args.reps)

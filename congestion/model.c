@@ -24,6 +24,7 @@
  *     --flows N      bulk downloads of one subscriber at once (1)
  *     --offset S     start the traces S seconds in (they loop)
  *     --loss P       lose P% of the downlink's frames at random (after the queue)
+ *     --no-timestamps  the client sends no TCP timestamps (the law falls back on RTTs)
  *     --series       print a line per 100 ms: time, queue delay, window, rate
  * Prints one JSON object: goodput (Mbit/s, and per bulk flow), what the trace
  * offered over the same time, request percentiles (ms), the link queue's
@@ -245,6 +246,7 @@ struct flow {
 	__u8 *got;
 	__u64 cum, unacked, delack_gen;
 	__u64 echo;                        /* the send time of the packet an ACK answers: TCP timestamps */
+	__u32 ts_offset;                   /* the client's random timestamp offset for this connection */
 	__u64 delivered_bytes;
 };
 
@@ -258,6 +260,14 @@ static __u64 outages, windows;
 static double req_ms[100000];
 static __u64 end_us;                   /* the download is cut here, as curl -m does */
 static size_t nreq;
+
+static int timestamps = 1;             /* the client sends TCP timestamps (--no-timestamps: not) */
+
+/* The client's TCP timestamp when it sends an ACK: its ms clock plus the connection's offset. */
+static __u32 client_tsval(const struct flow *f, __u64 now)
+{
+	return timestamps ? (__u32)(now / 1000 + f->ts_offset) | 1 : 0;
+}
 
 static struct flow *new_flow(int bulk, __u64 total)
 {
@@ -276,6 +286,7 @@ static struct flow *new_flow(int bulk, __u64 total)
 	f->retx = calloc(n, 1);
 	f->got = calloc(n, 1);
 	f->cwnd = 32;                      /* the access routes' initcwnd */
+	f->ts_offset = (__u32)(nflows * 2654435761u);   /* random-looking, a different one per connection */
 	return f;
 }
 
@@ -363,7 +374,7 @@ static void flow_start(struct flow *f, __u32 id, __u64 now, __u32 handshake_rtt)
 	try_send(f, id, now);
 }
 
-static void on_ack(struct flow *f, __u32 id, __u64 now, __u64 cum, __u64 sacked, __u64 echo)
+static void on_ack(struct flow *f, __u32 id, __u64 now, __u64 cum, __u64 sacked, __u64 echo, __u32 tsval)
 {
 	__u64 newly = 0, seq, rtt = 0, newest_sent = 0;
 	__u32 prior = (__u32)f->out;
@@ -426,7 +437,7 @@ static void on_ack(struct flow *f, __u32 id, __u64 now, __u64 cum, __u64 sacked,
 	}
 	a = (struct radio_ack){.now_us = now, .acked_bytes = newly * MSS, .rtt_us = rtt, .srtt_us = f->srtt,
 			       .packets_out = f->out, .prior_in_flight = prior, .cwnd = f->cwnd, .mss = MSS,
-			       .app_limited = !f->bulk};
+			       .tsval = tsval, .app_limited = !f->bulk};
 	radio_on_ack(&sub, &f->rf, &a, &o);
 	apply(f, &o);
 	try_send(f, id, now);
@@ -484,7 +495,7 @@ static void client_data(struct flow *f, __u32 id, __u64 now, __u64 seq, __u64 se
 	f->delack_gen++;
 	at = link_send(&up, now, ACK_FRAME);
 	if (at)
-		push3(at, EV_ACK_AT_PEP, id, f->cum, seq, f->echo);
+		push3(at, EV_ACK_AT_PEP, id, f->cum, seq, f->echo | (__u64)client_tsval(f, now) << 32);
 }
 
 /* One packet of a request's handshake (SYN, SYN-ACK, the request itself) over a link; lost, the
@@ -549,6 +560,8 @@ int main(int argc, char **argv)
 			idle = 1;
 		else if (!strcmp(argv[i], "--series"))
 			series = 1;
+		else if (!strcmp(argv[i], "--no-timestamps"))
+			timestamps = 0;
 		else if (argv[i][0] != '-' && npaths < 2)
 			paths[npaths++] = argv[i];
 		else {
@@ -558,7 +571,7 @@ int main(int argc, char **argv)
 	}
 	if (npaths != 2 || nbulk < 1 || nbulk > MAX_BULK) {
 		fprintf(stderr, "usage: model [--seconds S] [--delay MS] [--limit MS] [--target MS] [--flows N] "
-			"[--offset S] [--loss P] [--idle] [--series] DOWN_TRACE UP_TRACE\n");
+			"[--offset S] [--loss P] [--no-timestamps] [--idle] [--series] DOWN_TRACE UP_TRACE\n");
 		return 2;
 	}
 	load_trace(&down, paths[0]);
@@ -599,11 +612,12 @@ int main(int argc, char **argv)
 				f->unacked = 0;
 				at = link_send(&up, e.t, ACK_FRAME);
 				if (at)
-					push3(at, EV_ACK_AT_PEP, e.flow, f->cum, f->cum ? f->cum - 1 : 0, f->echo);
+					push3(at, EV_ACK_AT_PEP, e.flow, f->cum, f->cum ? f->cum - 1 : 0,
+					      f->echo | (__u64)client_tsval(f, e.t) << 32);
 			}
 			break;
 		case EV_ACK_AT_PEP:
-			on_ack(f, e.flow, e.t, e.a, e.b, e.c);
+			on_ack(f, e.flow, e.t, e.a, e.b, e.c & 0xffffffffULL, (__u32)(e.c >> 32));
 			break;
 		case EV_SEND:
 			f->send_scheduled = 0;

@@ -43,22 +43,6 @@ struct {
 	__type(value, struct radio_graph_stats);
 } radio_stats SEC(".maps");
 
-#ifdef RADIO_TRACE
-/* Tuning aid, off in the shipped object: the last 8192 windows of every subscriber. */
-struct radio_trace_entry { __u64 now, measured, rate, elapsed, window; __u32 qd, min_rtt, bulk, pad; };
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 8192);
-	__type(key, __u32);
-	__type(value, struct radio_trace_entry);
-} radio_trace SEC(".maps");
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u32);
-} radio_trace_pos SEC(".maps");
-#endif
 
 static const __u64 qdelay_bounds[RADIO_QDELAY_BUCKETS] = RADIO_QDELAY_BOUNDS_US;
 static const __u64 rate_bounds[RADIO_RATE_BUCKETS] = RADIO_RATE_BOUNDS;
@@ -152,17 +136,6 @@ static __always_inline void count(__u32 netns, const struct radio_sub *sub, cons
 		__sync_fetch_and_add(&st->qdelay_bucket[qb], 1);
 	if (rb < RADIO_RATE_BUCKETS)
 		__sync_fetch_and_add(&st->rate_bucket[rb], 1);
-#ifdef RADIO_TRACE
-	{
-		__u32 z = 0, *pos = bpf_map_lookup_elem(&radio_trace_pos, &z);
-		if (pos) {
-			__u32 i = __sync_fetch_and_add(pos, 1) & 8191;
-			struct radio_trace_entry e = {now, out->measured, sub->rate, 0, sub->window, out->qdelay_us,
-						      radio_known_min_rtt(sub), sub->bulk, 0};
-			bpf_map_update_elem(&radio_trace, &i, &e, BPF_ANY);
-		}
-	}
-#endif
 	if (sub->epoch == epoch)
 		return;
 	/* "Subscribers active": each counts itself once an epoch, in the
@@ -255,6 +228,9 @@ void BPF_PROG(radio_cong_control, struct sock *sk, __u32 ack, int flag, const st
 		.prior_in_flight = rs->prior_in_flight,
 		.cwnd = tp->snd_cwnd,
 		.mss = tp->mss_cache,
+		/* the peer's timestamp on this ACK; 0 without timestamps (a peer's clock is never 0 here:
+		 * radio_queue_sample treats 0 as none) */
+		.tsval = tp->rx_opt.rcv_tsval,
 		.app_limited = rs->is_app_limited,
 	};
 

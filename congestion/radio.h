@@ -59,9 +59,11 @@ struct radio_sub {
 	__u64 min_rtt_stamp_us;            /* when the current minimum-RTT bucket opened */
 	__u32 min_rtt_us;                  /* least RTT of the current bucket */
 	__u32 min_rtt_prev_us;             /* ... and of the bucket before */
-	__u32 win_rtt_min_us;              /* least RTT sample of the window: base + standing queue */
+	__u32 win_qd_us;                   /* least queue sample of the window: the standing queue */
+	__u32 win_path_us;                 /* least RTT less its queue sample: the round trip without it */
 	__u32 win_bulk;                    /* flows that were not application-limited in the window */
 	__u32 win_full;                    /* a flow filled its window in it: the link may take more */
+	__u32 win_gap_us;                  /* the longest time without an ACK in it */
 	__u32 bulk;                        /* ... in the last window: the rate is shared among them */
 	__u32 window_id;                   /* counts windows, so a flow counts itself once in each */
 	__u32 qdelay_us;                   /* the standing queue of the last window */
@@ -79,8 +81,10 @@ struct radio_flow {
 	__u32 window_id;                   /* the subscriber window it last counted itself bulk in */
 	__u32 in_flight;                   /* packets out after its last ACK: was it waiting for one? */
 	__u32 target_us;
+	__s64 owd_base;                    /* one-way delay with no queue, in the peer's timestamp terms */
 	__u8 has_sub;                      /* it holds a count in its subscriber's entry */
-	__u8 pad[3];
+	__u8 has_base;                     /* owd_base is set */
+	__u8 pad[6];
 };
 
 /* radio_stats: HASH, key __u32 (graph namespace inode), value struct

@@ -34,11 +34,12 @@
 #define RADIO_WINDOW_MIN_BYTES 6000ULL     /* four packets: never below */
 #define RADIO_CWND_MIN 4                   /* packets */
 #define RADIO_SRTT_GUESS_US 100000         /* an RTT before any sample (the kernel's guess, 1 s, is unkind) */
+#define RADIO_BASE_SLACK_US 2000           /* an RTT this close to the minimum saw no queue: a one-way base */
 
 /* The standing queue: the window's least RTT above the minimum RTT. */
-static inline __u32 radio_qdelay(__u32 win_rtt_min_us, __u32 min_rtt_us)
+static inline __u32 radio_qdelay(__u32 rtt_us, __u32 min_rtt_us)
 {
-	return win_rtt_min_us > min_rtt_us ? win_rtt_min_us - min_rtt_us : 0;
+	return rtt_us > min_rtt_us ? rtt_us - min_rtt_us : 0;
 }
 
 /* How long a control window lasts. */
@@ -59,7 +60,7 @@ static inline __u64 radio_delivery_rate(__u64 delivered, __u64 elapsed_us)
  *     delivered is its capacity. rate = the mean of the old rate and that,
  *     or that at once when it is lower and the queue is over twice the
  *     target (the capacity fell: every window spent at the old rate adds to
- *     the queue). window = rate x (min RTT + target): a window above what is
+ *     the queue). window = rate x (path + target): a window above what is
  *     in flight now lets the queue fill to the target, one below it stops
  *     the flows until the queue has drained to the target. It is set from
  *     the capacity, not from the window before, so cuts never compound while
@@ -71,9 +72,10 @@ static inline __u64 radio_delivery_rate(__u64 delivered, __u64 elapsed_us)
  *     holds a rise back until the one before it has been delivered: the
  *     queue it makes shows a round trip late.
  *   - Otherwise (no flow used it, or a receiver held it back): keep both.
- * Returns the window; *rate and *startup are updated in place. */
+ * path: the round trip without our queue (the minimum RTT, and what the uplink's
+ * grants add to it now). Returns the window; *rate and *startup are updated in place. */
 static inline __u64 radio_next_window(__u64 window, __u64 *rate, __u8 *startup, __u64 measured,
-				      __u32 min_rtt_us, __u32 qdelay_us, __u32 target_us, __u32 full)
+				      __u32 path_us, __u32 qdelay_us, __u32 target_us, __u32 full)
 {
 	__u64 next = window;
 
@@ -83,8 +85,8 @@ static inline __u64 radio_next_window(__u64 window, __u64 *rate, __u8 *startup, 
 			*rate = measured;
 		else
 			*rate = (*rate + measured) / 2;
-		next = *rate * (min_rtt_us + target_us) / RADIO_USEC;
-	} else if (full && measured * (min_rtt_us + qdelay_us) / RADIO_USEC * 4 >= window * 3) {
+		next = *rate * (path_us + target_us) / RADIO_USEC;
+	} else if (full && measured * (path_us + qdelay_us) / RADIO_USEC * 4 >= window * 3) {
 		if (*startup)
 			next = 2 * window;
 		else
@@ -159,6 +161,7 @@ struct radio_ack {
 	__u32 prior_in_flight;             /* in flight before it */
 	__u32 cwnd;                        /* the flow's window before it */
 	__u32 mss;
+	__u32 tsval;                       /* the peer's timestamp on it (ms, its own clock); 0: none */
 	__u8 app_limited;                  /* the packet was sent while the application had nothing more */
 };
 
@@ -204,7 +207,8 @@ static inline void radio_sub_init(struct radio_sub *sub, __u64 now_us, __u32 srt
 	sub->last_ack_us = now_us;
 	sub->min_rtt_stamp_us = now_us;
 	sub->min_rtt_us = srtt_us;
-	sub->win_rtt_min_us = ~0U;
+	sub->win_qd_us = ~0U;
+	sub->win_path_us = ~0U;
 	sub->target_us = target_us;
 	sub->startup = 1;
 }
@@ -242,21 +246,50 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
 
 	/* A window without an RTT sample (every ACK covered retransmissions, and
 	 * the peer sends no timestamps) says nothing of the queue: keep all. */
-	if (sub->win_rtt_min_us != ~0U) {
-		qd = radio_qdelay(sub->win_rtt_min_us, min_rtt_us);
-		sub->window = radio_next_window(sub->window, &sub->rate, &sub->startup, measured, min_rtt_us, qd,
+	if (sub->win_qd_us != ~0U) {
+		/* The round trip without our queue, as the window saw it: the minimum RTT, and what the
+		 * uplink adds to it now (ACKs wait for grants too). The window must cover it to keep the
+		 * radio busy. */
+		__u32 path = sub->win_path_us > min_rtt_us && sub->win_path_us != ~0U ? sub->win_path_us : min_rtt_us;
+
+		qd = sub->win_qd_us;
+		sub->window = radio_next_window(sub->window, &sub->rate, &sub->startup, measured, path, qd,
 						sub->target_us, sub->win_full);
 	}
 	sub->qdelay_us = qd;
 	sub->bulk = sub->win_bulk;
 	sub->win_bulk = 0;
 	sub->win_full = 0;
+	sub->win_gap_us = 0;
 	sub->win_delivered = 0;
-	sub->win_rtt_min_us = ~0U;
+	sub->win_qd_us = ~0U;
+	sub->win_path_us = ~0U;
 	sub->window_id++;
 	out->window_ended = 1;
 	out->qdelay_us = qd;
 	out->measured = measured;
+}
+
+/* The queue this ACK saw on the way to the subscriber. With the peer's TCP timestamps: the one-way
+ * delay (its clock when it acknowledged, less ours when we sent) over the flow's own base, so the
+ * uplink's queue, which the ACKs wait in and which the flows do not fill, is left out. The base is
+ * taken whenever the RTT is at the subscriber's minimum (no queue either way), and lowered by any
+ * smaller sample; each flow has its own (a peer offsets every connection's timestamps at random).
+ * Until a flow has a base, and without timestamps: the RTT over the minimum. */
+static inline __u32 radio_queue_sample(struct radio_flow *f, const struct radio_ack *a, __u32 min_rtt_us)
+{
+	__s64 owd;
+
+	if (!a->tsval)
+		return radio_qdelay(a->rtt_us, min_rtt_us);
+	owd = (__s64)a->tsval * 1000 - (__s64)(a->now_us - a->rtt_us);
+	if (a->rtt_us <= min_rtt_us + RADIO_BASE_SLACK_US || (f->has_base && owd < f->owd_base)) {
+		f->owd_base = owd;
+		f->has_base = 1;
+	}
+	if (!f->has_base)
+		return radio_qdelay(a->rtt_us, min_rtt_us);
+	return owd > f->owd_base ? (__u32)(owd - f->owd_base) : 0;
 }
 
 /* One ACK of a flow. Flows of one subscriber may run on several CPUs at
@@ -288,10 +321,19 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 		sub->win_start_us = a->now_us;
 		sub->win_delivered = 0;
 		sub->win_bulk = 0;
-		sub->win_rtt_min_us = ~0U;
-	} else if (a->rtt_us && a->rtt_us < sub->win_rtt_min_us) {
-		sub->win_rtt_min_us = a->rtt_us;
+		sub->win_qd_us = ~0U;
+		sub->win_path_us = ~0U;
+	} else if (a->rtt_us) {
+		__u32 qd = radio_queue_sample(f, a, min_rtt);
+		__u32 path = a->rtt_us > qd ? a->rtt_us - qd : 0;
+
+		if (qd < sub->win_qd_us)
+			sub->win_qd_us = qd;
+		if (path < sub->win_path_us)
+			sub->win_path_us = path;
 	}
+	if (a->now_us - sub->last_ack_us > sub->win_gap_us)
+		sub->win_gap_us = a->now_us - sub->last_ack_us;
 	sub->last_ack_us = a->now_us;
 	__sync_fetch_and_add(&sub->win_delivered, a->acked_bytes);
 	if (!a->app_limited && f->window_id != sub->window_id + 1) {

@@ -1,0 +1,156 @@
+"""pep_radio's control law (congestion/radio_law.h), run by the userspace model built from the same
+header (congestion/model.c: linkem's trace link, a small TCP, a request every 200 ms beside a
+download), on links made to order here. What the law promises, checked on what it does:
+
+  - it holds the radio's queue near its target (the model's own wait of the link, sampled every
+    10 ms), whatever the capacity, and the target is the operator's to set;
+  - its rate estimate follows the capacity and is not inflated by bursty delivery (BBR's max filter
+    is: the 2-3x that keeps a standing queue in a radio's buffer);
+  - it follows capacity that swings tenfold;
+  - an outage is counted once and the download resumes;
+  - random loss is not congestion;
+  - a subscriber's flows share its window equally;
+  - the uplink's own queue (the ACKs wait for grants) does not hold the download back.
+No root: the model is compiled here with the system's C compiler.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from pepctl import radio_maps
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SOURCE = os.path.join(REPO, "congestion", "model.c")
+TARGET_MS = radio_maps.TARGET_US / 1000
+OPP_BITS = 1500 * 8
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler: the model is built from congestion/model.c")
+    path = str(tmp_path_factory.mktemp("model") / "model")
+    proc = subprocess.run([cc, "-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11", "-o", path, SOURCE],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, f"building {SOURCE}: {proc.stderr}"
+    return path
+
+
+def write_trace(path, ms: list[int]) -> str:
+    with open(path, "w") as f:
+        f.write("".join(f"{t}\n" for t in ms))
+    return str(path)
+
+
+def rate_trace(rate_mbit, seconds: float) -> list[int]:
+    """Opportunities at rate_mbit(t_ms) Mbit/s, each placed when its 1500 bytes have accrued."""
+    ms, t = [], 0.0
+    while t < seconds * 1000:
+        t += OPP_BITS / (rate_mbit(t) * 1e3)
+        ms.append(int(t))
+    return ms
+
+
+def constant(mbit: float, seconds: float = 30) -> list[int]:
+    return rate_trace(lambda t: mbit, seconds)
+
+
+def grants(mbit: float, every_ms: int, seconds: float = 30) -> list[int]:
+    """The capacity of every_ms delivered at once, every every_ms: bursts, then silence."""
+    per_ms, carry, ms = mbit * 1e3 / OPP_BITS, 0.0, []
+    for t in range(every_ms, int(seconds * 1000) + 1, every_ms):
+        carry += per_ms * every_ms
+        ms += [t] * int(carry)
+        carry -= int(carry)
+    return ms
+
+
+def run(model: str, tmp_path, down: list[int], up: list[int], *args: str) -> dict:
+    proc = subprocess.run([model, *args, write_trace(tmp_path / "down", down), write_trace(tmp_path / "up", up)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, f"model {' '.join(args)}: {proc.stderr}"
+    return json.loads(proc.stdout)
+
+
+def test_queue_held_near_the_target_on_a_steady_link(model, tmp_path):
+    got = run(model, tmp_path, constant(10), constant(5))
+    assert got["target_ms"] == TARGET_MS, f"the model runs the header's default target: {got['target_ms']}"
+    assert 0.5 * TARGET_MS <= got["wait_p50_ms"] <= 1.5 * TARGET_MS, \
+        f"10 Mbit/s, 50 ms RTT: the link's queue (median) {got['wait_p50_ms']} ms, target {TARGET_MS} ms"
+    assert got["wait_p95_ms"] <= 2.5 * TARGET_MS, f"queue p95 {got['wait_p95_ms']} ms, target {TARGET_MS} ms"
+    assert got["goodput_mbps"] >= 0.9 * got["offered_mbps"], \
+        f"goodput {got['goodput_mbps']} Mbit/s of {got['offered_mbps']} offered: the queue must not run dry"
+
+
+def test_target_is_the_operators(model, tmp_path):
+    short = run(model, tmp_path, constant(10), constant(5), "--target", "20")
+    long = run(model, tmp_path, constant(10), constant(5), "--target", "60")
+    assert long["wait_p50_ms"] >= 2 * short["wait_p50_ms"], \
+        f"a 60 ms target must hold a longer queue than a 20 ms one: {long['wait_p50_ms']} vs {short['wait_p50_ms']} ms"
+    assert 0.5 * 60 <= long["wait_p50_ms"] <= 1.6 * 60, f"target 60 ms: queue median {long['wait_p50_ms']} ms"
+
+
+def test_rate_estimate_not_inflated_by_bursty_delivery(model, tmp_path):
+    """25 ms of capacity delivered at once, then nothing: a max filter would read several times the rate."""
+    got = run(model, tmp_path, grants(10, 25), constant(5))
+    assert got["rate_estimate_mbps"] <= 1.15 * got["offered_mbps"], \
+        f"bursts of 25 ms: estimate {got['rate_estimate_mbps']} Mbit/s, the link's {got['offered_mbps']}"
+    assert got["goodput_mbps"] >= 0.85 * got["offered_mbps"], f"goodput {got['goodput_mbps']} Mbit/s"
+    assert got["wait_p95_ms"] <= 2.5 * TARGET_MS + 25, f"queue p95 {got['wait_p95_ms']} ms"
+
+
+def test_follows_capacity_swinging_tenfold(model, tmp_path):
+    """Capacity between 2 and 20 Mbit/s (log-sinusoid, 2 s period): the link stays busy, the queue short."""
+    def swing(t: float) -> float:
+        return 2 * 10 ** (0.5 - 0.5 * math.cos(2 * math.pi * t / 2000))
+    got = run(model, tmp_path, rate_trace(swing, 30), constant(5))
+    assert got["goodput_mbps"] >= 0.85 * got["offered_mbps"], \
+        f"tenfold swing: goodput {got['goodput_mbps']} of {got['offered_mbps']} Mbit/s"
+    assert got["wait_p95_ms"] <= 4 * TARGET_MS, f"tenfold swing: queue p95 {got['wait_p95_ms']} ms"
+
+
+def test_outage_counted_once_and_the_download_resumes(model, tmp_path):
+    """Both directions stop for 2 s, 8 s in."""
+    down = [t for t in constant(10) if not 8000 <= t < 10000]
+    up = [t for t in constant(5) if not 8000 <= t < 10000]
+    got = run(model, tmp_path, down, up)
+    assert got["outages"] == 1, f"one outage of 2 s: the law counted {got['outages']}"
+    assert got["goodput_mbps"] >= 0.85 * got["offered_mbps"], \
+        f"after the outage the download resumes at the link's rate: {got['goodput_mbps']} of {got['offered_mbps']}"
+
+
+def test_random_loss_is_not_congestion(model, tmp_path):
+    clean = run(model, tmp_path, constant(10), constant(5))
+    lossy = run(model, tmp_path, constant(10), constant(5), "--loss", "1")
+    assert lossy["goodput_mbps"] >= 0.9 * clean["goodput_mbps"], \
+        f"1% random loss: goodput {lossy['goodput_mbps']} against {clean['goodput_mbps']} Mbit/s without"
+
+
+def test_flows_of_one_subscriber_share_its_window(model, tmp_path):
+    got = run(model, tmp_path, constant(10), constant(5), "--flows", "2")
+    a, b = got["bulk_mbps"]
+    assert min(a, b) >= 0.8 * max(a, b), f"two downloads of one subscriber: {a} and {b} Mbit/s"
+    assert got["wait_p50_ms"] <= 1.5 * TARGET_MS, f"together they hold one queue: {got['wait_p50_ms']} ms"
+
+
+def test_uplink_queue_does_not_hold_the_download_back(model, tmp_path):
+    """The ACKs wait 40 ms for each uplink grant: with the peer's timestamps the law sees the downlink's
+    queue alone."""
+    got = run(model, tmp_path, constant(10), grants(5, 40))
+    assert got["goodput_mbps"] >= 0.85 * got["offered_mbps"], \
+        f"bursty uplink: goodput {got['goodput_mbps']} of {got['offered_mbps']} Mbit/s"
+    assert got["wait_p50_ms"] <= 1.5 * TARGET_MS, f"bursty uplink: queue median {got['wait_p50_ms']} ms"
+
+
+def test_without_timestamps_the_law_falls_back_on_rtts(model, tmp_path):
+    got = run(model, tmp_path, constant(10), constant(5), "--no-timestamps")
+    assert 0.5 * TARGET_MS <= got["wait_p50_ms"] <= 1.5 * TARGET_MS, f"queue median {got['wait_p50_ms']} ms"
+    assert got["goodput_mbps"] >= 0.9 * got["offered_mbps"], f"goodput {got['goodput_mbps']} Mbit/s"
