@@ -599,7 +599,7 @@ json_t *path_stats_json(struct path *p)
 	uint64_t now = now_ns(), lf = ST_GET(p, link_free_ns), qpkts = ST_GET(p, qdelay_pkts);
 	double qms = lf > now ? (double)(lf - now) / 1e6 : 0;
 
-	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:f, s:f}",
+	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:f, s:f, s:I}",
 			 "in_pkts", (json_int_t)ST_GET(p, in_pkts), "in_bytes", (json_int_t)ST_GET(p, in_bytes),
 			 "out_pkts", (json_int_t)ST_GET(p, out_pkts), "out_bytes", (json_int_t)ST_GET(p, out_bytes),
 			 "drop_loss", (json_int_t)ST_GET(p, drop_loss), "drop_queue", (json_int_t)ST_GET(p, drop_queue),
@@ -610,5 +610,6 @@ json_t *path_stats_json(struct path *p)
 			 "queue_ms", ms3(qms),
 			 "held_pkts", (json_int_t)ST_GET(p, held_pkts), "held_bytes", (json_int_t)ST_GET(p, held_bytes),
 			 "queue_delay_ms_avg", ms3(qpkts ? (double)ST_GET(p, qdelay_sum_ns) / (double)qpkts / 1e6 : 0.0),
-			 "queue_delay_ms_max", ms3((double)ST_GET(p, qdelay_max_ns) / 1e6));
+			 "queue_delay_ms_max", ms3((double)ST_GET(p, qdelay_max_ns) / 1e6),
+			 "queue_delay_pkts", (json_int_t)qpkts);
 }

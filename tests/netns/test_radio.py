@@ -32,6 +32,7 @@ import time
 
 import pytest
 
+from linkem.profiles import control
 from netns.handle import BASE, PYTHON, metric_value, wait_until
 from pepctl import bpfsys, congestion, radio_maps
 from pepctl.lock import InstanceLock
@@ -174,6 +175,50 @@ def test_status_shows_one_line_for_it(lab):
     r = g["radio"]
     assert r["flows_started"] >= 1 and r["control_windows"] >= 1 and r["queue_delay_p95_seconds"] is not None, r
     assert r["queue_target_seconds"] == radio_maps.TARGET_US / 1e6, r
+
+
+def link_queue(lab) -> tuple[float, int]:
+    """linkem's own figure of the downlink (b2a): the mean time frames waited for their delivery
+    opportunity since it started, and how many frames that mean is over."""
+    down = control(os.path.join(lab.run_dir, "linkem.sock"), "stats")["b2a"]
+    return down["queue_delay_ms_avg"], down["queue_delay_pkts"]
+
+
+def set_link(lab, *words: str) -> None:
+    proc = lab.run_pep_lab("link", *words)
+    assert proc.returncode == 0, f"pep-lab link {' '.join(words)}: {proc.stderr}"
+
+
+def test_it_holds_the_radio_queue_near_its_target_on_a_trace_link(lab):
+    """A 10 s download on lte-trace (bursty, fading capacity behind a 500 ms drop-tail buffer: CUBIC
+    or BBR keep hundreds of ms queued there): the frames of the download wait, on linkem's own count,
+    about the target for their delivery opportunity, not the buffer's depth."""
+    set_link(lab, "lte-trace")
+    try:
+        avg0, n0 = link_queue(lab)
+        download(lab, "1g", "-m", "10")
+        avg1, n1 = link_queue(lab)
+    finally:
+        set_link(lab, "none")
+    assert n1 - n0 > 5000, f"lte-trace: only {n1 - n0} frames went down in 10 s"
+    mean = (avg1 * n1 - avg0 * n0) / (n1 - n0)
+    target_ms = radio_maps.TARGET_US / 1000
+    assert mean <= 1.5 * target_ms, \
+        f"lte-trace, pep_radio: the downlink's frames waited {mean:.1f} ms on average (linkem), target {target_ms} ms"
+
+
+def test_two_flows_of_a_subscriber_share_its_capacity(lab):
+    """Two downloads of one client at once over a 20 Mbit/s, 50 ms link: each gets its half of the
+    subscriber's window, within 20%."""
+    set_link(lab, "none", "delay=25", "down.rate=20M", "up.rate=10M", "limit_ms=500")
+    try:
+        curls = [lab.popen("client", "curl", "-s", "-o", "/dev/null", "-m", "10", "-w", "%{size_download}",
+                           f"http://{ORIGIN}/1g?flow{i}") for i in range(2)]
+        got = [int(c.communicate(timeout=30)[0]) for c in curls]
+    finally:
+        set_link(lab, "none")
+    assert min(got) >= 0.8 * max(got), f"two downloads of {CLIENT} at once: {got} bytes in 10 s"
+    assert sum(got) * 8 / 10 / 1e6 >= 0.8 * 20 * 1448 / 1514, f"together they used the link: {got} bytes in 10 s"
 
 
 def test_a_second_instance_shares_it_and_its_down_keeps_it(lab, host):
