@@ -11,7 +11,7 @@
  *     each gets an equal share of it (radio_share). A window of
  *     rate x (min RTT + target) keeps `target` of queue in the radio's
  *     buffer, whatever the capacity, and bounds what goes into a dead link.
- *   - Every control window (about one minimum RTT, at least 40 ms: radio links
+ *   - Every control window (about one minimum RTT, at least 25 ms: radio links
  *     deliver in bursts, and a window must hold several), the law looks at
  *     what the flows delivered (bytes/s) and the least RTT sample (base RTT +
  *     the standing queue: its excess over the minimum RTT is the queueing
@@ -30,7 +30,7 @@
 #define PEP_RADIO_LAW_H
 
 #define RADIO_USEC 1000000ULL
-#define RADIO_WINDOW_MIN_US 40000          /* a control window is at least this long */
+#define RADIO_WINDOW_MIN_US 25000          /* a control window is at least this long: several grants, and a round trip or two on 5G */
 #define RADIO_WINDOW_MIN_BYTES 6000ULL     /* four packets: never below */
 #define RADIO_CWND_MIN 4                   /* packets */
 #define RADIO_SRTT_GUESS_US 100000         /* an RTT before any sample (the kernel's guess, 1 s, is unkind) */
