@@ -15,7 +15,11 @@
  * pacing; the receiver acknowledges every second packet (at once when out of
  * order, else within 40 ms). Beside one bulk download, a 1 KB request on a
  * new connection every 200 ms measures the delay a subscriber feels: SYN,
- * SYN-ACK, request, response, each through the same queues.
+ * SYN-ACK, request, response, each through the same queues. A page (--page)
+ * is bench responsiveness's: 30 objects over 6 keep-alive connections.
+ * --sender cubic replaces the law by end-to-end CUBIC (loss-based, no
+ * pacing, the end host's initial window of 10): the baseline the issue's
+ * bars are relative to, run on the same link.
  *
  *   model [options] DOWN_TRACE UP_TRACE
  *     --seconds S    (20)      --delay MS   one-way (25)
@@ -26,12 +30,15 @@
  *     --loss P       lose P% of the downlink's frames at random (after the queue)
  *     --no-timestamps  the client sends no TCP timestamps (the law falls back on RTTs)
  *     --series       print a line per 100 ms: time, queue delay, window, rate
+ *     --page S       a page load S seconds in (bench responsiveness: 3)
+ *     --sender cubic end-to-end CUBIC instead of pep_radio
  * Prints one JSON object: goodput (Mbit/s, and per bulk flow), what the trace
  * offered over the same time, request percentiles (ms), the link queue's
  * delay percentiles, outages the law saw, its control windows, and its mean
  * rate estimate (Mbit/s).
  */
 #include <errno.h>
+#include <math.h>
 #include <linux/types.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +54,10 @@
 #define MAX_FLOWS 512
 #define MAX_PKTS (1 << 20)
 #define MAX_BULK 8
+#define PAGE_CONNS 6
+#define PAGE_OBJECTS 30
+#define CUBIC_C 0.4
+#define CUBIC_BETA 0.7
 
 /* -- the link ---------------------------------------------------------------------------------- */
 struct link {
@@ -173,16 +184,28 @@ enum ev_type {
 	EV_REQ_AT_PEP,
 	EV_HANDSHAKE_RETRY,  /* a lost SYN, SYN-ACK or request: the client tries again after 1 s */
 	EV_SAMPLE,
+	EV_PAGE_START,       /* the page's connections start their handshakes */
+	EV_PAGE_REQ_AT_PEP,  /* a page connection's next request reaches the PEP: aux = its object */
 };
 
 struct event {
 	__u64 t;
+	__u64 order;                       /* events of one time pop in the order they were pushed */
 	__u32 type, flow;
 	__u64 a, b, c;
 };
 
 static struct event *heap;
 static size_t heap_n, heap_cap;
+static __u64 pushed;
+
+/* Whether x pops before y. A trace gives several opportunities the same millisecond, and many ACKs
+ * share one: without the push order as a tie-break the heap would reorder them, which a link
+ * (and linkem) never does. */
+static int before(const struct event *x, const struct event *y)
+{
+	return x->t < y->t || (x->t == y->t && x->order < y->order);
+}
 
 static void push3(__u64 t, __u32 type, __u32 flow, __u64 a, __u64 b, __u64 c)
 {
@@ -190,12 +213,14 @@ static void push3(__u64 t, __u32 type, __u32 flow, __u64 a, __u64 b, __u64 c)
 
 	if (heap_n == heap_cap)
 		heap = realloc(heap, (heap_cap = heap_cap ? 2 * heap_cap : 4096) * sizeof(*heap));
+	struct event e = {t, pushed++, type, flow, a, b, c};
+
 	i = heap_n++;
-	while (i && heap[(i - 1) / 2].t > t) {
+	while (i && before(&e, &heap[(i - 1) / 2])) {
 		heap[i] = heap[(i - 1) / 2];
 		i = (i - 1) / 2;
 	}
-	heap[i] = (struct event){t, type, flow, a, b, c};
+	heap[i] = e;
 }
 
 static void push(__u64 t, __u32 type, __u32 flow, __u64 a, __u64 b)
@@ -213,9 +238,9 @@ static struct event pop(void)
 
 		if (c >= heap_n)
 			break;
-		if (c + 1 < heap_n && heap[c + 1].t < heap[c].t)
+		if (c + 1 < heap_n && before(&heap[c + 1], &heap[c]))
 			c++;
-		if (heap[c].t >= last.t)
+		if (!before(&heap[c], &last))
 			break;
 		heap[i] = heap[c];
 		i = c;
@@ -229,6 +254,7 @@ enum pkt_state { PKT_OUT = 1, PKT_DELIVERED, PKT_LOST };
 
 struct flow {
 	int bulk, started, done;
+	int page;                          /* a page connection (1..PAGE_CONNS); 0: not */
 	__u64 begin;                       /* requests: when the client called connect() */
 	__u64 total;                       /* packets to send (bulk: unbounded) */
 	__u8 *state;                       /* per packet */
@@ -238,10 +264,14 @@ struct flow {
 	__u64 rack_sent;                   /* send time of the latest packet known delivered */
 	__u32 cwnd;
 	__u64 pacing, next_send;
+	int pending;                       /* a page connection: its next request is on its way */
 	int send_scheduled;
 	__u32 srtt, rttvar, rto_gen, rto_backoff;
 	__u64 last_progress;
 	struct radio_flow rf;
+	/* --sender cubic */
+	double cw, wmax, k_s, ssthresh;
+	__u64 epoch_us, recover;
 	/* client side */
 	__u8 *got;
 	__u64 cum, unacked, delack_gen;
@@ -262,6 +292,10 @@ static __u64 end_us;                   /* the download is cut here, as curl -m d
 static size_t nreq;
 
 static int timestamps = 1;             /* the client sends TCP timestamps (--no-timestamps: not) */
+static int sender_cubic;               /* --sender cubic */
+static __u32 page_pkts[PAGE_OBJECTS];  /* the page's objects in packets, in the order they are asked for */
+static size_t page_next, page_left;
+static __u64 page_start, page_end;
 
 /* The client's TCP timestamp when it sends an ACK: its ms clock plus the connection's offset. */
 static __u32 client_tsval(const struct flow *f, __u64 now)
@@ -269,10 +303,10 @@ static __u32 client_tsval(const struct flow *f, __u64 now)
 	return timestamps ? (__u32)(now / 1000 + f->ts_offset) | 1 : 0;
 }
 
-static struct flow *new_flow(int bulk, __u64 total)
+static struct flow *new_flow(int bulk, __u64 total, int page)
 {
 	struct flow *f = &flows[nflows++ % MAX_FLOWS];
-	size_t n = bulk ? MAX_PKTS : total + 1;
+	size_t n = bulk || page ? MAX_PKTS : total + 1;
 
 	free(f->state);
 	free(f->sent_at);
@@ -285,7 +319,10 @@ static struct flow *new_flow(int bulk, __u64 total)
 	f->sent_at = calloc(n, sizeof(__u64));
 	f->retx = calloc(n, 1);
 	f->got = calloc(n, 1);
-	f->cwnd = 32;                      /* the access routes' initcwnd */
+	f->page = page;
+	f->cwnd = sender_cubic ? 10 : 32;  /* the end host's initial window; the access routes' initcwnd */
+	f->cw = f->cwnd;
+	f->ssthresh = 1e9;
 	f->ts_offset = (__u32)(nflows * 2654435761u);   /* random-looking, a different one per connection */
 	return f;
 }
@@ -364,6 +401,11 @@ static void flow_start(struct flow *f, __u32 id, __u64 now, __u32 handshake_rtt)
 	f->started = 1;
 	f->srtt = handshake_rtt;
 	f->rttvar = handshake_rtt / 2;
+	f->last_progress = now;
+	if (sender_cubic) {
+		try_send(f, id, now);
+		return;
+	}
 	if (!have_sub || !radio_sub_fresh(&sub, now)) {
 		radio_sub_init(&sub, now, handshake_rtt, f->cwnd, MSS, target_us);
 		have_sub = 1;
@@ -374,8 +416,47 @@ static void flow_start(struct flow *f, __u32 id, __u64 now, __u32 handshake_rtt)
 	try_send(f, id, now);
 }
 
+/* --sender cubic: a loss ends the round's growth, once per round trip (RFC 9438's multiplicative
+ * decrease; no HyStart, no fast convergence). */
+static void cubic_loss(struct flow *f, __u64 now, int timeout)
+{
+	if (!timeout && f->una < f->recover)
+		return;
+	f->recover = f->nxt;
+	f->wmax = f->cw;
+	f->cw = f->cw * CUBIC_BETA < 2 ? 2 : f->cw * CUBIC_BETA;
+	f->ssthresh = f->cw;
+	if (timeout)
+		f->cw = 1;
+	f->epoch_us = now;
+	f->k_s = cbrt(f->wmax * (1 - CUBIC_BETA) / CUBIC_C);
+	f->cwnd = (__u32)f->cw;
+}
+
+/* --sender cubic: slow start, then the cubic curve toward and past the window of the last loss,
+ * and never below what Reno would reach (the TCP-friendly region). */
+static void cubic_ack(struct flow *f, __u64 now, __u64 newly)
+{
+	double t, target, reno;
+
+	if (!newly)
+		return;
+	if (f->cw < f->ssthresh) {
+		f->cw += newly;
+	} else {
+		t = (now - f->epoch_us) / 1e6;
+		target = f->wmax + CUBIC_C * pow(t - f->k_s, 3);
+		reno = f->wmax * CUBIC_BETA + 3 * (1 - CUBIC_BETA) / (1 + CUBIC_BETA) * t / (f->srtt ? f->srtt / 1e6 : 0.1);
+		if (target < reno)
+			target = reno;
+		f->cw += (target > f->cw ? target - f->cw : 0.01) * newly / f->cw;
+	}
+	f->cwnd = (__u32)f->cw;
+}
+
 static void on_ack(struct flow *f, __u32 id, __u64 now, __u64 cum, __u64 sacked, __u64 echo, __u32 tsval)
 {
+	int lost = 0;
 	__u64 newly = 0, seq, rtt = 0, newest_sent = 0;
 	__u32 prior = (__u32)f->out;
 	struct radio_ack a;
@@ -421,6 +502,7 @@ static void on_ack(struct flow *f, __u32 id, __u64 now, __u64 cum, __u64 sacked,
 			f->state[seq] = PKT_LOST;
 			f->out--;
 			f->lost_pending++;
+			lost = 1;
 		}
 	}
 	if (newly) {
@@ -429,15 +511,22 @@ static void on_ack(struct flow *f, __u32 id, __u64 now, __u64 cum, __u64 sacked,
 		if (f->out)
 			arm_rto(f, id, now);
 	}
-	if (!f->bulk && f->una >= f->total) {
+	if (!f->bulk && f->una >= f->total && !f->pending) {
 		f->done = 1;
 		if (f->rf.has_sub && sub.flows)
 			sub.flows--;
 		return;
 	}
+	if (sender_cubic) {
+		if (lost)
+			cubic_loss(f, now, 0);
+		cubic_ack(f, now, newly);
+		try_send(f, id, now);
+		return;
+	}
 	a = (struct radio_ack){.now_us = now, .acked_bytes = newly * MSS, .rtt_us = rtt, .srtt_us = f->srtt,
 			       .packets_out = f->out, .prior_in_flight = prior, .cwnd = f->cwnd, .mss = MSS,
-			       .tsval = tsval, .app_limited = !f->bulk};
+			       .tsval = tsval, .app_limited = !f->bulk && f->nxt >= f->total};
 	radio_on_ack(&sub, &f->rf, &a, &o);
 	apply(f, &o);
 	try_send(f, id, now);
@@ -457,10 +546,27 @@ static void on_rto(struct flow *f, __u32 id, __u64 now)
 		}
 	}
 	f->cwnd = 1;                       /* tcp_enter_loss; the law restores it on the next ACK */
+	if (sender_cubic)
+		cubic_loss(f, now, 1);
 	f->rto_backoff++;
 	f->next_send = now;
 	try_send(f, id, now);
 	arm_rto(f, id, now);
+}
+
+/* A page connection's object has arrived: the page is done with its last object; else the
+ * connection asks for the next one not yet asked for (keep-alive: one uplink trip, no handshake). */
+static void page_object_done(struct flow *f, __u32 id, __u64 now)
+{
+	__u64 at;
+
+	if (--page_left == 0)
+		page_end = now;
+	if (page_next == PAGE_OBJECTS)
+		return;
+	f->pending = 1;
+	at = link_send(&up, now, 140);
+	push(at ? at : now + 1000000, EV_PAGE_REQ_AT_PEP, id, page_next++, 0);
 }
 
 /* The client receives a data packet. */
@@ -480,9 +586,11 @@ static void client_data(struct flow *f, __u32 id, __u64 now, __u64 seq, __u64 se
 	/* In order, and not filling a hole: the ACK may wait for a second packet. */
 	in_order = seq == cum_before && f->cum == cum_before + 1;
 	if (!f->bulk && f->cum >= f->total && f->begin) {
-		if (nreq < sizeof(req_ms) / sizeof(req_ms[0]))
+		if (f->page)
+			page_object_done(f, id, now);
+		else if (nreq < sizeof(req_ms) / sizeof(req_ms[0]))
 			req_ms[nreq++] = (now - f->begin) / 1000.0;
-		if (getenv("MODEL_REQUESTS"))
+		if (getenv("MODEL_REQUESTS") && !f->page)
 			fprintf(stderr, "request at %.2f s: %.0f ms\n", f->begin / 1e6, (now - f->begin) / 1000.0);
 		f->begin = 0;
 	}
@@ -531,6 +639,7 @@ int main(int argc, char **argv)
 {
 	double seconds = 20, delay_ms = 25, limit_ms = 500, offset_s = 0, loss_pct = 0;
 	int idle = 0, series = 0, nbulk = 1, i;
+	double page_s = -1;
 	const char *paths[2] = {0};
 	int npaths = 0;
 	struct flow *bulk[MAX_BULK];
@@ -562,6 +671,10 @@ int main(int argc, char **argv)
 			series = 1;
 		else if (!strcmp(argv[i], "--no-timestamps"))
 			timestamps = 0;
+		else if (!strcmp(argv[i], "--page") && i + 1 < argc)
+			page_s = atof(argv[++i]);
+		else if (!strcmp(argv[i], "--sender") && i + 1 < argc && !strcmp(argv[i + 1], "cubic") && ++i)
+			sender_cubic = 1;
 		else if (argv[i][0] != '-' && npaths < 2)
 			paths[npaths++] = argv[i];
 		else {
@@ -571,7 +684,8 @@ int main(int argc, char **argv)
 	}
 	if (npaths != 2 || nbulk < 1 || nbulk > MAX_BULK) {
 		fprintf(stderr, "usage: model [--seconds S] [--delay MS] [--limit MS] [--target MS] [--flows N] "
-			"[--offset S] [--loss P] [--no-timestamps] [--idle] [--series] DOWN_TRACE UP_TRACE\n");
+			"[--offset S] [--loss P] [--no-timestamps] [--idle] [--series] [--page S] [--sender cubic] "
+			"DOWN_TRACE UP_TRACE\n");
 		return 2;
 	}
 	load_trace(&down, paths[0]);
@@ -587,7 +701,7 @@ int main(int argc, char **argv)
 	end = end_us = (__u64)(seconds * 1e6);
 
 	for (i = 0; !idle && i < nbulk; i++) {
-		bulk[i] = new_flow(1, 0);
+		bulk[i] = new_flow(1, 0, 0);
 		/* The download's handshake happened before the measurement starts. */
 		flow_start(bulk[i], (__u32)(nflows - 1), 0, (__u32)(2 * delay_ms * 1000));
 	}
@@ -595,6 +709,10 @@ int main(int argc, char **argv)
 		push(t, EV_PROBE_START, 0, 0, 0);
 	for (__u64 t = 0; t < end; t += 10000)
 		push(t, EV_SAMPLE, 0, 0, 0);
+	for (k = 0; k < PAGE_OBJECTS; k++)   /* 10 of 100 KB, then 20 of 1 KB */
+		page_pkts[k] = k < 10 ? (100 * 1024 + MSS - 1) / MSS : 1;
+	if (page_s >= 0)
+		push((__u64)(page_s * 1e6), EV_PAGE_START, 0, 0, 0);
 
 	while (heap_n) {
 		struct event e = pop();
@@ -630,7 +748,7 @@ int main(int argc, char **argv)
 		case EV_PROBE_START:
 			if (e.t >= end)
 				break;
-			f = new_flow(0, 1);
+			f = new_flow(0, 1, 0);
 			f->begin = e.t;
 			e.flow = (__u32)(nflows - 1);
 			/* fall through */
@@ -647,6 +765,21 @@ int main(int argc, char **argv)
 			if (!f->started)
 				flow_start(f, e.flow, e.t, (__u32)(e.t - e.a));
 			break;
+		case EV_PAGE_START:
+			page_start = e.t;
+			page_left = PAGE_OBJECTS;
+			for (i = 0; i < PAGE_CONNS; i++) {
+				f = new_flow(0, page_pkts[page_next++], i + 1);
+				f->begin = e.t;
+				handshake(&up, e.t, 74, EV_SYN_AT_PEP, (__u32)(nflows - 1), e.t);
+			}
+			break;
+		case EV_PAGE_REQ_AT_PEP:
+			f->total += page_pkts[e.a];
+			f->pending = 0;
+			f->begin = e.t;
+			try_send(f, e.flow, e.t);
+			break;
 		case EV_SAMPLE:
 			if (nq == qcap)
 				qwait = realloc(qwait, (qcap = qcap ? 2 * qcap : 4096) * sizeof(*qwait));
@@ -656,9 +789,10 @@ int main(int argc, char **argv)
 				rate_n++;
 			}
 			if (series && e.t % 100000 == 0)
-				printf("# %.1f s: wait %.0f ms, window %llu B, rate %.2f Mbit/s, qdelay %u ms\n",
-				       e.t / 1e6, qwait[nq - 1], (unsigned long long)sub.window, sub.rate * 8 / 1e6,
-				       sub.qdelay_us / 1000);
+				printf("# %.1f s: wait %.0f ms, window %llu B, rate %.2f Mbit/s, qdelay %u ms, "
+				       "bulk cwnd %u, out %llu\n", e.t / 1e6, qwait[nq - 1], (unsigned long long)sub.window,
+				       sub.rate * 8 / 1e6, sub.qdelay_us / 1000, idle ? 0 : bulk[0]->cwnd,
+				       idle ? 0ULL : (unsigned long long)bulk[0]->out);
 			break;
 		}
 	}
@@ -677,11 +811,13 @@ int main(int argc, char **argv)
 		}
 		printf("], \"goodput_mbps\": %.3f, \"requests\": %zu, \"p50_ms\": %.0f, \"p95_ms\": %.0f, "
 		       "\"p99_ms\": %.0f, \"wait_p50_ms\": %.0f, \"wait_p95_ms\": %.0f, \"outages\": %llu, "
-		       "\"windows\": %llu, \"drops_down\": %llu, \"drops_up\": %llu, \"rate_estimate_mbps\": %.3f}\n",
+		       "\"windows\": %llu, \"drops_down\": %llu, \"drops_up\": %llu, \"rate_estimate_mbps\": %.3f, "
+		       "\"page_s\": %.3f}\n",
 		       total * 8 / seconds / 1e6, nreq, pct(req_ms, nreq, 50), pct(req_ms, nreq, 95),
 		       pct(req_ms, nreq, 99), pct(qwait, nq, 50), pct(qwait, nq, 95), (unsigned long long)outages,
 		       (unsigned long long)windows, (unsigned long long)down.drops, (unsigned long long)up.drops,
-		       rate_n ? rate_sum / rate_n * 8 / 1e6 : 0.0);
+		       rate_n ? rate_sum / rate_n * 8 / 1e6 : 0.0,
+		       page_end ? (page_end - page_start) / 1e6 : -1.0);
 	}
 	return 0;
 }

@@ -38,7 +38,7 @@ def model(tmp_path_factory) -> str:
     if cc is None:
         pytest.skip("no C compiler: the model is built from congestion/model.c")
     path = str(tmp_path_factory.mktemp("model") / "model")
-    proc = subprocess.run([cc, "-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11", "-o", path, SOURCE],
+    proc = subprocess.run([cc, "-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11", "-o", path, SOURCE, "-lm"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, f"building {SOURCE}: {proc.stderr}"
     return path
