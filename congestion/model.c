@@ -502,7 +502,7 @@ static void on_ack(struct flow *f, __u32 id, __u64 now, __u64 cum, __u64 sacked,
 			f->state[seq] = PKT_LOST;
 			f->out--;
 			f->lost_pending++;
-			lost = 1;
+			lost++;
 		}
 	}
 	if (newly) {
@@ -524,7 +524,8 @@ static void on_ack(struct flow *f, __u32 id, __u64 now, __u64 cum, __u64 sacked,
 		try_send(f, id, now);
 		return;
 	}
-	a = (struct radio_ack){.now_us = now, .acked_bytes = newly * MSS, .rtt_us = rtt, .srtt_us = f->srtt,
+	a = (struct radio_ack){.now_us = now, .acked_bytes = newly * MSS, .lost_bytes = (__u64)lost * MSS,
+			       .rtt_us = rtt, .srtt_us = f->srtt,
 			       .packets_out = f->out, .prior_in_flight = prior, .cwnd = f->cwnd, .mss = MSS,
 			       .tsval = tsval, .app_limited = !f->bulk && f->nxt >= f->total};
 	radio_on_ack(&sub, &f->rf, &a, &o);
@@ -548,6 +549,8 @@ static void on_rto(struct flow *f, __u32 id, __u64 now)
 	f->cwnd = 1;                       /* tcp_enter_loss; the law restores it on the next ACK */
 	if (sender_cubic)
 		cubic_loss(f, now, 1);
+	else if (f->rf.has_sub)
+		radio_on_rto(&sub, now);
 	f->rto_backoff++;
 	f->next_send = now;
 	try_send(f, id, now);

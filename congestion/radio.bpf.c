@@ -222,6 +222,7 @@ void BPF_PROG(radio_cong_control, struct sock *sk, __u32 ack, int flag, const st
 	struct radio_ack a = {
 		.now_us = tp->tcp_mstamp,
 		.acked_bytes = (__u64)rs->acked_sacked * tp->mss_cache,
+		.lost_bytes = (__u64)rs->losses * tp->mss_cache,
 		.rtt_us = rs->rtt_us > 0 ? (__u32)rs->rtt_us : 0,
 		.srtt_us = srtt_us(tp),
 		.packets_out = tp->packets_out,
@@ -244,6 +245,20 @@ void BPF_PROG(radio_cong_control, struct sock *sk, __u32 ack, int flag, const st
 }
 
 SEC("struct_ops")
+void BPF_PROG(radio_cwnd_event, struct sock *sk, enum tcp_ca_event event)
+{
+	struct radio_sub_key key;
+	struct radio_sub *sub;
+
+	if (event != CA_EVENT_LOSS)    /* the retransmission timer fired (tcp_enter_loss) */
+		return;
+	key_of(sk, &key);
+	sub = bpf_map_lookup_elem(&radio_subs, &key);
+	if (sub)
+		radio_on_rto(sub, ((struct tcp_sock *)sk)->tcp_mstamp);
+}
+
+SEC("struct_ops")
 __u32 BPF_PROG(radio_ssthresh, struct sock *sk)
 {
 	/* Loss is not a signal (radio_law.h): the threshold stays where it is. */
@@ -261,6 +276,7 @@ struct tcp_congestion_ops pep_radio = {
 	.init = (void *)radio_init,
 	.release = (void *)radio_release,
 	.cong_control = (void *)radio_cong_control,
+	.cwnd_event = (void *)radio_cwnd_event,
 	.ssthresh = (void *)radio_ssthresh,
 	.undo_cwnd = (void *)radio_undo_cwnd,
 	.name = RADIO_NAME,

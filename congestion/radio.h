@@ -31,6 +31,7 @@
 #define RADIO_STALE_US 30000000            /* a subscriber not heard from for this long starts over */
 #define RADIO_MIN_RTT_WIN_US 10000000      /* the minimum RTT is the least of the last 5-10 s */
 #define RADIO_OUTAGE_US 250000             /* no ACK for this long with data in flight: an outage */
+#define RADIO_SILENCE_US 100000            /* ... this long: the link paused (a scheduler's silence, or an outage) */
 #define RADIO_EPOCH_US 10000000            /* "subscribers active" counts those heard in one epoch */
 
 /* radio_params: HASH, key __u32 (the graph namespace's inode number).
@@ -55,12 +56,16 @@ struct radio_sub {
 	__u64 rate;                        /* bytes/s they delivered, smoothed: what it is shown as */
 	__u64 win_start_us;                /* the control window: since when */
 	__u64 win_delivered;               /* bytes every flow had delivered in it */
+	__u64 win_lost;                    /* bytes they found lost in it */
 	__u64 last_ack_us;                 /* the last ACK of any of its flows */
 	__u64 min_rtt_stamp_us;            /* when the current minimum-RTT bucket opened */
+	__u64 resumed_us;                  /* the link last resumed after a pause: earlier sends waited in it */
+	__u64 drained_us;                  /* the last drain of its queue */
 	__u32 min_rtt_us;                  /* least RTT of the current bucket */
 	__u32 min_rtt_prev_us;             /* ... and of the bucket before */
 	__u32 win_qd_us;                   /* least queue sample of the window: the standing queue */
-	__u32 win_path_us;                 /* least RTT less its queue sample: the round trip without it */
+	__u64 win_path_sum_us;             /* RTT samples less their queue samples, summed: the round trip */
+	__u32 win_path_n;                  /* without our queue (with the uplink's grants' wait) is their mean */
 	__u32 win_bulk;                    /* flows that were not application-limited in the window */
 	__u32 win_full;                    /* a flow filled its window in it: the link may take more */
 	__u32 win_gap_us;                  /* the longest time without an ACK in it */
@@ -72,7 +77,8 @@ struct radio_sub {
 	__u32 outages;
 	__u32 epoch;                       /* the last epoch it was counted active in */
 	__u8 startup;                      /* no queue seen yet: the window doubles per control window */
-	__u8 pad[3];
+	__u8 draining;                     /* this control window drains the queue: half the path flies */
+	__u8 pad[2];
 };
 
 /* radio_flow: a socket's own state, in its icsk_ca_priv (at most 104 bytes). */

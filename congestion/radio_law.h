@@ -22,9 +22,14 @@
  *   - Loss is not a signal: radio links lose frames that have nothing to do
  *     with the queue, and a deep drop-tail buffer is never full at the target.
  *     Only delay is.
- *   - An outage (no ACK for RADIO_OUTAGE_US with data in flight) is not
+ *   - A pause of the link (no ACK for RADIO_SILENCE_US with data in flight:
+ *     a scheduler's silence, an outage when it lasts RADIO_OUTAGE_US) is not
  *     congestion: the window that spans it is dropped, window and rate kept,
- *     and the flows resume at them, paced, on the first ACK.
+ *     the flows resume at them, paced, on the first ACK, and the delay of the
+ *     packets sent before it ended (they waited out the pause) is not read as
+ *     a queue.
+ *   - When the rate falls at once, it falls by at most half per window, so
+ *     a window that spanned a lull in delivery cannot collapse it.
  */
 #ifndef PEP_RADIO_LAW_H
 #define PEP_RADIO_LAW_H
@@ -33,8 +38,9 @@
 #define RADIO_WINDOW_MIN_US 25000          /* a control window is at least this long: several grants, and a round trip or two on 5G */
 #define RADIO_WINDOW_MIN_BYTES 6000ULL     /* four packets: never below */
 #define RADIO_CWND_MIN 4                   /* packets */
+#define RADIO_OVERFLOW_PARTS 5             /* a window that lost 1/5 of what it sent overflowed the buffer */
 #define RADIO_SRTT_GUESS_US 100000         /* an RTT before any sample (the kernel's guess, 1 s, is unkind) */
-#define RADIO_BASE_SLACK_US 2000           /* an RTT this close to the minimum saw no queue: a one-way base */
+#define RADIO_DRAIN_EVERY_US 10000000      /* a subscriber's queue is drained this often (radio_end_window) */
 
 /* The standing queue: the window's least RTT above the minimum RTT. */
 static inline __u32 radio_qdelay(__u32 rtt_us, __u32 min_rtt_us)
@@ -58,9 +64,11 @@ static inline __u64 radio_delivery_rate(__u64 delivered, __u64 elapsed_us)
  * and smoothed delivery rate, at the end of a control window.
  *   - Queue at or above half the target: the link is saturated, so what it
  *     delivered is its capacity. rate = the mean of the old rate and that,
- *     or that at once when it is lower and the queue is over twice the
- *     target (the capacity fell: every window spent at the old rate adds to
- *     the queue). window = rate x (path + target): a window above what is
+ *     or (the capacity fell: every window spent at the old rate adds to the
+ *     queue) that at once when it is lower and the queue is over twice the
+ *     target, but no less than half the old rate. Leaving startup, the rate
+ *     is what was delivered: the guess it started from (a window over the
+ *     handshake's RTT) says nothing of the link. window = rate x (path + target): a window above what is
  *     in flight now lets the queue fill to the target, one below it stops
  *     the flows until the queue has drained to the target. It is set from
  *     the capacity, not from the window before, so cuts never compound while
@@ -80,9 +88,11 @@ static inline __u64 radio_next_window(__u64 window, __u64 *rate, __u8 *startup, 
 	__u64 next = window;
 
 	if (qdelay_us * 2 >= target_us) {
+		if (*startup)
+			*rate = measured;
 		*startup = 0;
 		if (qdelay_us > 2 * target_us && measured < *rate)
-			*rate = measured;
+			*rate = measured > *rate / 2 ? measured : *rate / 2;
 		else
 			*rate = (*rate + measured) / 2;
 		next = *rate * (path_us + target_us) / RADIO_USEC;
@@ -155,6 +165,7 @@ static inline __u32 radio_bucket(__u64 value, const __u64 *bounds, __u32 n)
 struct radio_ack {
 	__u64 now_us;
 	__u64 acked_bytes;                 /* newly delivered: acknowledged or selectively acknowledged */
+	__u64 lost_bytes;                  /* newly marked lost */
 	__u32 rtt_us;                      /* RTT sample of the newest packet it covers; 0: none */
 	__u32 srtt_us;                     /* the socket's smoothed RTT: the base until a minimum is known */
 	__u32 packets_out;                 /* still in flight after it */
@@ -181,7 +192,8 @@ static inline void radio_share(const struct radio_sub *sub, __u32 min_rtt_us, __
 			       struct radio_out *out)
 {
 	__u32 sharers = sub->bulk + joining;
-	__u64 share = sub->window / (sharers ? sharers : 1);
+	__u64 window = sub->draining ? sub->rate * min_rtt_us / RADIO_USEC / 2 : sub->window;
+	__u64 share = window / (sharers ? sharers : 1);
 
 	out->cwnd = radio_cwnd(share, mss);
 	out->pacing = radio_pacing(share, min_rtt_us);
@@ -208,9 +220,9 @@ static inline void radio_sub_init(struct radio_sub *sub, __u64 now_us, __u32 srt
 	sub->min_rtt_stamp_us = now_us;
 	sub->min_rtt_us = srtt_us;
 	sub->win_qd_us = ~0U;
-	sub->win_path_us = ~0U;
 	sub->target_us = target_us;
 	sub->startup = 1;
+	sub->drained_us = now_us;
 }
 
 /* Whether an entry still describes its subscriber's link. */
@@ -244,17 +256,48 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
 	__u64 measured = radio_delivery_rate(sub->win_delivered, elapsed);
 	__u32 qd = sub->qdelay_us;
 
-	/* A window without an RTT sample (every ACK covered retransmissions, and
-	 * the peer sends no timestamps) says nothing of the queue: keep all. */
-	if (sub->win_qd_us != ~0U) {
+	/* A fifth of what the window sent lost: the radio's buffer overflowed (a
+	 * window far above a capacity that fell, say tenfold at a handover).
+	 * That is congestion, whatever the delay says or cannot say (lost
+	 * packets' ACKs carry no RTT): what was delivered is the capacity, at
+	 * once. Isolated losses stay below it. */
+	if (sub->draining) {
+		/* (A drain's window says nothing of capacity: it held the flows back on purpose.) */
+		if (sub->win_qd_us != ~0U)
+			qd = sub->win_qd_us;
+	} else if (sub->win_lost * RADIO_OVERFLOW_PARTS > sub->win_delivered + sub->win_lost) {
+		sub->startup = 0;
+		if (measured < sub->rate)
+			sub->rate = measured;
+		sub->window = sub->rate * (min_rtt_us + sub->target_us) / RADIO_USEC;
+		if (sub->window < RADIO_WINDOW_MIN_BYTES)
+			sub->window = RADIO_WINDOW_MIN_BYTES;
+	} else if (sub->win_qd_us != ~0U) {
+		/* (A window without an RTT sample, where every ACK covered retransmissions or packets
+		 * sent before a pause ended and the peer sends no timestamps, says nothing of the queue:
+		 * all is kept.) */
 		/* The round trip without our queue, as the window saw it: the minimum RTT, and what the
-		 * uplink adds to it now (ACKs wait for grants too). The window must cover it to keep the
-		 * radio busy. */
-		__u32 path = sub->win_path_us > min_rtt_us && sub->win_path_us != ~0U ? sub->win_path_us : min_rtt_us;
+		 * uplink adds to it now (ACKs wait for their own grants, tens of ms apart). The window must
+		 * cover it to keep the radio busy: the mean, not the least, or every window would stop
+		 * short by the uplink's wait. */
+		__u32 path = sub->win_path_n ? (__u32)(sub->win_path_sum_us / sub->win_path_n) : 0;
 
+		if (path < min_rtt_us)
+			path = min_rtt_us;
 		qd = sub->win_qd_us;
 		sub->window = radio_next_window(sub->window, &sub->rate, &sub->startup, measured, path, qd,
 						sub->target_us, sub->win_full);
+	}
+	/* Every RADIO_DRAIN_EVERY_US, the next window lets half the path's worth fly, so the radio's queue
+	 * empties: every flow then sees the path's one-way delay and RTT with no queue, its base and the
+	 * minimum RTT are right again (a flow that began in a held queue, a minimum that expired while
+	 * the queue stood), and the law cannot creep up on a queue of its own making. It costs a round
+	 * trip at half rate in ten seconds (BBR's PROBE_RTT does the same for its minimum RTT). */
+	if (sub->draining) {
+		sub->draining = 0;
+	} else if (!sub->startup && now_us - sub->drained_us >= RADIO_DRAIN_EVERY_US) {
+		sub->draining = 1;
+		sub->drained_us = now_us;
 	}
 	sub->qdelay_us = qd;
 	sub->bulk = sub->win_bulk;
@@ -262,8 +305,10 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
 	sub->win_full = 0;
 	sub->win_gap_us = 0;
 	sub->win_delivered = 0;
+	sub->win_lost = 0;
 	sub->win_qd_us = ~0U;
-	sub->win_path_us = ~0U;
+	sub->win_path_sum_us = 0;
+	sub->win_path_n = 0;
 	sub->window_id++;
 	out->window_ended = 1;
 	out->qdelay_us = qd;
@@ -272,10 +317,12 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
 
 /* The queue this ACK saw on the way to the subscriber. With the peer's TCP timestamps: the one-way
  * delay (its clock when it acknowledged, less ours when we sent) over the flow's own base, so the
- * uplink's queue, which the ACKs wait in and which the flows do not fill, is left out. The base is
- * taken whenever the RTT is at the subscriber's minimum (no queue either way), and lowered by any
- * smaller sample; each flow has its own (a peer offsets every connection's timestamps at random).
- * Until a flow has a base, and without timestamps: the RTT over the minimum. */
+ * uplink's queue, which the ACKs wait in and which the flows do not fill, is left out. Each flow has
+ * its own base (a peer offsets every connection's timestamps at random): the least one-way delay it
+ * has seen. A base only ever moves down: one too high (a flow that began in a standing queue) reads
+ * the queue short until a packet of it crosses a shorter one, which the subscriber's drains make
+ * sure of (radio_end_window); one too low would read a queue that is not there, for good. Without
+ * timestamps: the RTT over the minimum. */
 static inline __u32 radio_queue_sample(struct radio_flow *f, const struct radio_ack *a, __u32 min_rtt_us)
 {
 	__s64 owd;
@@ -283,13 +330,21 @@ static inline __u32 radio_queue_sample(struct radio_flow *f, const struct radio_
 	if (!a->tsval)
 		return radio_qdelay(a->rtt_us, min_rtt_us);
 	owd = (__s64)a->tsval * 1000 - (__s64)(a->now_us - a->rtt_us);
-	if (a->rtt_us <= min_rtt_us + RADIO_BASE_SLACK_US || (f->has_base && owd < f->owd_base)) {
+	if (!f->has_base || owd < f->owd_base) {
 		f->owd_base = owd;
 		f->has_base = 1;
 	}
-	if (!f->has_base)
-		return radio_qdelay(a->rtt_us, min_rtt_us);
 	return owd > f->owd_base ? (__u32)(owd - f->owd_base) : 0;
+}
+
+/* A flow's retransmission timer fired. While its subscriber's other ACKs kept coming (within
+ * RADIO_SILENCE_US) the link is not paused: the flow's packets, and those sent again, were dropped by
+ * a full buffer. The window that sees it counts as one that overflowed. A timer after a pause is
+ * an outage's, and changes nothing. */
+static inline void radio_on_rto(struct radio_sub *sub, __u64 now_us)
+{
+	if (now_us - sub->last_ack_us < RADIO_SILENCE_US)
+		__sync_fetch_and_add(&sub->win_lost, sub->window);
 }
 
 /* One ACK of a flow. Flows of one subscriber may run on several CPUs at
@@ -301,41 +356,55 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 {
 	__u64 gap = a->now_us - f->last_ack_us;
 	__u32 in_flight_before = f->in_flight;
+	__u32 known = radio_known_min_rtt(sub);
+	__u32 path_sample = 0;
 	__u32 min_rtt;
 	__u64 start;
 
 	__builtin_memset(out, 0, sizeof(*out));
 	f->last_ack_us = a->now_us;
 	f->in_flight = a->packets_out;
-	min_rtt = radio_min_rtt(&sub->min_rtt_us, &sub->min_rtt_prev_us, &sub->min_rtt_stamp_us, a->now_us,
-				a->rtt_us);
-	if (!min_rtt)
-		min_rtt = a->srtt_us;
 
-	if (radio_is_outage(gap, in_flight_before) && a->now_us - sub->last_ack_us >= RADIO_OUTAGE_US) {
-		/* The link came back. Counted once per subscriber (another flow's ACK
-		 * would have ended the gap); the window that spans the outage says
-		 * nothing of capacity: a new one starts, window and rate kept. */
-		out->outage_us = a->now_us - sub->last_ack_us;
-		sub->outages++;
+	if (in_flight_before && a->now_us - sub->last_ack_us >= RADIO_SILENCE_US) {
+		/* The link resumed after a pause, an outage when it was long (counted
+		 * once per subscriber: another flow's ACK would have ended the gap).
+		 * The window that spans it says nothing of capacity: a new one starts,
+		 * window and rate kept. */
+		if (radio_is_outage(gap, in_flight_before) && a->now_us - sub->last_ack_us >= RADIO_OUTAGE_US) {
+			out->outage_us = a->now_us - sub->last_ack_us;
+			sub->outages++;
+		}
+		sub->resumed_us = a->now_us;
 		sub->win_start_us = a->now_us;
 		sub->win_delivered = 0;
+		sub->win_lost = 0;
 		sub->win_bulk = 0;
 		sub->win_qd_us = ~0U;
-		sub->win_path_us = ~0U;
-	} else if (a->rtt_us) {
-		__u32 qd = radio_queue_sample(f, a, min_rtt);
-		__u32 path = a->rtt_us > qd ? a->rtt_us - qd : 0;
+		sub->win_path_sum_us = 0;
+		sub->win_path_n = 0;
+	} else if (a->rtt_us && a->now_us - a->rtt_us >= sub->resumed_us) {
+		/* (A packet sent before the link resumed waited out the pause: its delay is not a queue.) */
+		__u32 qd = radio_queue_sample(f, a, known ? known : a->srtt_us);
 
+		path_sample = a->rtt_us > qd ? a->rtt_us - qd : 0;
 		if (qd < sub->win_qd_us)
 			sub->win_qd_us = qd;
-		if (path < sub->win_path_us)
-			sub->win_path_us = path;
+		sub->win_path_sum_us += path_sample;
+		sub->win_path_n++;
 	}
+	/* The minimum RTT is the path's without our queue: fed the RTT less its queue sample, so a queue
+	 * the law holds for good does not creep into it when an old minimum expires (and with it the
+	 * queue's own baseline: the law would then hold twice its target). */
+	min_rtt = radio_min_rtt(&sub->min_rtt_us, &sub->min_rtt_prev_us, &sub->min_rtt_stamp_us, a->now_us,
+				path_sample);
+	if (!min_rtt)
+		min_rtt = a->srtt_us;
 	if (a->now_us - sub->last_ack_us > sub->win_gap_us)
 		sub->win_gap_us = a->now_us - sub->last_ack_us;
 	sub->last_ack_us = a->now_us;
 	__sync_fetch_and_add(&sub->win_delivered, a->acked_bytes);
+	if (a->lost_bytes)
+		__sync_fetch_and_add(&sub->win_lost, a->lost_bytes);
 	if (!a->app_limited && f->window_id != sub->window_id + 1) {
 		f->window_id = sub->window_id + 1;
 		__sync_fetch_and_add(&sub->win_bulk, 1);
