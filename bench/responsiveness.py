@@ -8,7 +8,9 @@ the fixed-rate lossy ones). For each profile, REPS times, in an order that turns
   e2e        every lab client bypassed (a bypass rule): CUBIC end to end fills the buffer
   idle       the floor: the same small requests on the idle link (bypassed), nothing else
 Each run starts the link's traces over (the profile is set again), so every transport meets the
-same capacity, second by second. Each run, for SECONDS (3G profiles: 45 s, MIN_SECONDS):
+same capacity, second by second. A profile trace:PATH replays one's own recording (PATH.down and
+PATH.up, mahimahi's format) at 50 ms base RTT behind 500 ms drop-tail buffers.
+Each run, for SECONDS (3G profiles: 45 s, MIN_SECONDS):
   bulk        one download of the lab's 1 GB object, cut at SECONDS: its goodput (what arrived / the
               time), and that as a share of what the link offered over the same seconds (a trace's
               opportunities, or a fixed rate)
@@ -30,6 +32,7 @@ import json
 import os
 import re
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -42,6 +45,7 @@ from .common import RESULTS, git_rev, labs, median, write_report
 from .pep_gain import set_mode
 
 ORIGIN = "198.19.0.10"
+CLIENT = "198.18.0.10"
 URL = f"http://{ORIGIN}"
 PROBE_INTERVAL = 0.2   # a 1 KB request every 200 ms, on a connection of its own
 PAGE = [f"{URL}/{obj}?{i}" for i, obj in enumerate(["100k"] * 10 + ["1k"] * 20)]   # 30 objects, about 1 MB
@@ -59,8 +63,25 @@ P95_OVER_IDLE_DEFAULT_MS = 150.0
 GOODPUT_OVER_E2E = 0.85
 
 
+# A profile may also be an operator's own recording: trace:PATH runs PATH.down and PATH.up (mahimahi's
+# format) at 50 ms base RTT behind 500 ms drop-tail buffers, as a radio link the profiles don't hold.
+TRACE_PREFIX = "trace:"
+TRACE_WORDS = ["delay=25", "limit_ms=500"]
+
+
+def link_words(profile: str) -> list[str]:
+    """What `pep-lab link` takes for a profile: its name, or for trace:PATH the words of PATH's traces."""
+    if not profile.startswith(TRACE_PREFIX):
+        return [profile]
+    path = profile[len(TRACE_PREFIX):]
+    for ext in ("down", "up"):
+        if not os.path.isfile(f"{path}.{ext}"):
+            raise SystemExit(f"bench responsiveness: --profiles {profile}: no {path}.{ext} (a mahimahi trace)")
+    return ["none", f"down.trace={path}.down", f"up.trace={path}.up", *TRACE_WORDS]
+
+
 def set_profile(lab: LabHandle, profile: str) -> None:
-    proc = lab.run_pep_lab("link", profile)
+    proc = lab.run_pep_lab("link", *link_words(profile))
     assert proc.returncode == 0, proc.stderr
 
 
@@ -72,7 +93,8 @@ def percentile(xs: list[float], p: float) -> float:
 def offered_mbps(profile: str, seconds: float) -> float | None:
     """What the profile's downlink can carry over the first `seconds` of a run: a trace's 1500-byte
     opportunities (the trace starts over with the run and loops), or its fixed rate; None: no limit."""
-    words = dict(w.split("=", 1) for w in link_profiles.profile_words(profile))
+    name, *overrides = link_words(profile)
+    words = dict(w.split("=", 1) for w in link_profiles.profile_words(name, overrides))
     trace, rate = words.get("b2a.trace"), words.get("b2a.rate")
     if trace and trace != "none":
         with open(trace) as f:
@@ -87,8 +109,9 @@ def offered_mbps(profile: str, seconds: float) -> float | None:
     return None
 
 
-def one_run(lab: LabHandle, seconds: float, load: bool = True) -> dict:
-    """Small requests on a fixed schedule; with load, the bulk download beside them and a page load 3 s in."""
+def one_run(lab: LabHandle, seconds: float, load: bool = True, bbr_estimates: bool = False) -> dict:
+    """Small requests on a fixed schedule; with load, the bulk download beside them and a page load 3 s in.
+    bbr_estimates: also BBR's bandwidth estimate of the download's socket toward the client, every 0.5 s."""
     bulk = lab.popen("client", "curl", "-s", "-o", "/dev/null", "-m", f"{seconds:g}", "-w",
                      "%{size_download} %{time_total}", f"{URL}/1g") if load else None
     probe = lab.popen("client", PYTHON, "-m", "bench.probe_requests", ORIGIN, "--seconds", f"{seconds - 1:g}",
@@ -97,6 +120,10 @@ def one_run(lab: LabHandle, seconds: float, load: bool = True) -> dict:
     stop = threading.Event()
     sampler = threading.Thread(target=sample_received, args=(lab, received, stop))
     sampler.start()
+    estimates: list[float] = []
+    estimator = threading.Thread(target=sample_bbr_bw, args=(lab, estimates, stop)) if bbr_estimates else None
+    if estimator:
+        estimator.start()
     page_s = float("nan")
     if load:
         time.sleep(3)
@@ -111,8 +138,11 @@ def one_run(lab: LabHandle, seconds: float, load: bool = True) -> dict:
         bulk_mbps = size * 8 / secs / 1e6 if secs else 0.0
     stop.set()
     sampler.join()
+    if estimator:
+        estimator.join()
     times = [x for _, x in probed["samples"]]
     return {"bulk_mbps": bulk_mbps, **small_percentiles(times), "small_count": len(times),
+            "bbr_bw_mbps": estimates,
             "small_failed": probed["failed"], "page_s": page_s, "small_series": probed["samples"],
             "goodput_series": rate_series(received)}
 
@@ -125,6 +155,21 @@ def sample_received(lab: LabHandle, into: list, stop: threading.Event) -> None:
         names_counters = [line.split(":", 1) for line in lines]
         into.append((time.monotonic() - started,
                      sum(int(counters.split()[0]) for name, counters in names_counters if name.strip() != "lo")))
+
+
+BBR_BW = re.compile(r"bbr:\(bw:([\d.]+)([KMG]?)bps")
+
+
+def sample_bbr_bw(lab: LabHandle, into: list, stop: threading.Event) -> None:
+    """Every 500 ms, the largest BBR bandwidth estimate (Mbit/s) among the proxy's sockets toward the
+    client: the download's (`ss -tin` in the graph's namespace, entered with nsenter)."""
+    argv = ["nsenter", f"--net=/run/netns/{lab.netns('pep')}", "ss", "-tin", "dst", CLIENT]
+    scale = {"": 1e-6, "K": 1e-3, "M": 1.0, "G": 1e3}
+    while not stop.wait(0.5):
+        out = subprocess.run(argv, capture_output=True, text=True).stdout
+        found = [float(v) * scale[unit] for v, unit in BBR_BW.findall(out)]
+        if found:
+            into.append(max(found))
 
 
 def rate_series(received: list[tuple[float, int]]) -> list[list[float]]:
@@ -143,6 +188,9 @@ def summarize(samples: list[dict]) -> dict:
     out = {k: median([r[k] for r in samples]) for k in ("bulk_mbps", "page_s")}
     out.update(small_percentiles([x for r in samples for _, x in r["small_series"]]))
     out["small_failed"] = sum(r["small_failed"] for r in samples)
+    estimates = [x for r in samples for x in r.get("bbr_bw_mbps", [])]
+    if estimates:
+        out["bbr_bw_mbps"] = median(estimates)
     return out
 
 
@@ -174,6 +222,7 @@ def run_profiles(lab: dict[str, LabHandle], profiles: list[str], transports: lis
     results = []
     for profile in profiles:
         secs = max(seconds, MIN_SECONDS.get(profile, 0.0))
+        label = os.path.basename(profile) if profile.startswith(TRACE_PREFIX) else profile
         samples: dict[str, list[dict]] = {m: [] for m in modes}
         for rep in range(reps):
             for mode in modes[rep % len(modes):] + modes[:rep % len(modes)]:
@@ -182,16 +231,21 @@ def run_profiles(lab: dict[str, LabHandle], profiles: list[str], transports: lis
                 # Set again before every run: the traces start over with its first frame, so every
                 # transport meets the same capacity, second by second.
                 set_profile(where, profile)
-                r = one_run(where, secs, load=mode != "idle")
+                r = one_run(where, secs, load=mode != "idle", bbr_estimates=mode == "bbr")
                 samples[mode].append(r)
-                print(f"{profile:12} rep {rep + 1}/{reps} {mode:9}: bulk {r['bulk_mbps']:7.2f} Mbit/s, 1 KB "
+                print(f"{label:12} rep {rep + 1}/{reps} {mode:9}: bulk {r['bulk_mbps']:7.2f} Mbit/s, 1 KB "
                       f"p50/p95/p99 {r['small_p50_ms']:6.0f}/{r['small_p95_ms']:6.0f}/{r['small_p99_ms']:6.0f} ms, "
                       f"page {r['page_s']:5.2f} s", flush=True)
             set_mode(base, "proxy")
         med = {m: summarize(samples[m]) for m in modes}
         offered = offered_mbps(profile, secs)
-        results.append({"profile": profile, "seconds": secs, "offered_mbps": offered, "samples": samples,
-                        "medians": med, "verdicts": verdicts(profile, med, offered)})
+        bbr_over = med.get("bbr", {}).get("bbr_bw_mbps", 0) / offered if offered else None
+        if bbr_over:
+            # Radio links deliver in grants: BBR's max filter reads their bursts as capacity (issue 24).
+            print(f"{label:12} BBR's bandwidth estimate (median): {bbr_over:.2f} x what the link offered", flush=True)
+        results.append({"profile": label, "link": link_words(profile), "seconds": secs, "offered_mbps": offered,
+                        "bbr_estimate_over_offered": bbr_over, "samples": samples, "medians": med,
+                        "verdicts": verdicts(profile, med, offered)})
     return results
 
 
@@ -272,7 +326,9 @@ def write_markdown(path: str, results: list[dict], transports: list[str], reps: 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench responsiveness", description=__doc__.splitlines()[0])
-    ap.add_argument("--profiles", default=",".join(PROFILES), help="linkem profiles (linkem/profiles.toml)")
+    ap.add_argument("--profiles", default=",".join(PROFILES),
+                    help="linkem profiles (linkem/profiles.toml), or trace:PATH for PATH.down and PATH.up (mahimahi "
+                         "traces of one's own, at 50 ms RTT behind 500 ms buffers)")
     ap.add_argument("--transports", default=",".join(TRANSPORTS),
                     help=f"comma-separated subset of {', '.join(TRANSPORTS)} (the idle floor always runs)")
     ap.add_argument("--reps", type=int, default=3)
