@@ -388,7 +388,8 @@ def responsiveness_table(d: dict, args: list[str], runs: Runs) -> list[str]:
     """Per profile: each mode's medians and the gain; `versus OTHER`: this run's figures over
     OTHER's. A run of today's bench (transports side by side) gets bench responsiveness's own table."""
     if "transports" in d:
-        return md_table(transports_table(d["profiles"], d["transports"]))
+        rows = transports_table(d["profiles"], d["transports"])
+        return md_table(rows, "ll" + "r" * (len(rows[0]) - 2))
     head = ["download Mbit/s", "1 KB request p50 ms", "p95 ms", "p99 ms", "page s"]
     if args[:1] == ["versus"]:
         other = {p["profile"]: p for p in runs.data[args[1]]["profiles"]}

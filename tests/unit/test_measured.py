@@ -17,7 +17,7 @@ import shutil
 
 import pytest
 
-from bench import measured
+from bench import measured, responsiveness
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +97,28 @@ def test_a_new_json_of_any_shape_makes_a_table(tmp_path):
     template = "## CC\n{{table cc medians}}\n\n{{source cc}}\np95 {{cc:medians[pep_radio][p95_ms]:.0f}} ms\n"
     page = measured.expand(runs, template, "measured/", "x.md")
     assert "| pep_radio | 180.25 | 15.90 |" in page and "p95 180 ms" in page and "--reps 3" in page, page
+
+
+def test_a_run_of_todays_responsiveness_makes_its_table(tmp_path):
+    """bench responsiveness now runs transports side by side (pep_radio, bbr, e2e, idle): a run of
+    it renders with the bench's own table. The run here is made by the bench's own summary
+    functions from made-up samples, so it has the shape a real run writes."""
+    def sample(bulk, p50, page):
+        return {"bulk_mbps": bulk, "page_s": page, "small_failed": 0,
+                "small_series": [[i * 0.2, (p50 + i) / 1000] for i in range(20)]}
+    samples = {"idle": [sample(0, 60, 0)], "pep_radio": [sample(15.5, 90, 3.1)], "bbr": [sample(16.0, 400, 4.2)],
+               "e2e": [sample(17.0, 450, 5.9)]}
+    med = {m: responsiveness.summarize(s) for m, s in samples.items()}
+    profile = {"profile": "lte-trace", "seconds": 20, "offered_mbps": 23.6, "samples": samples, "medians": med,
+               "verdicts": responsiveness.verdicts("lte-trace", med, 23.6)}
+    run = {"benchmark": "cc", "command": "./scripts/bench responsiveness --name cc", "reps": 1,
+           "transports": ["pep_radio", "bbr", "e2e"], "profiles": [profile]}
+    (tmp_path / "cc.json").write_text(json.dumps(run))
+    (tmp_path / "index.toml").write_text('[cc]\ncommand = "./scripts/bench responsiveness --name cc"\n'
+                                         'kind = "responsiveness"\n')
+    runs = measured.Runs(str(tmp_path), str(tmp_path / "index.toml"))
+    page = measured.expand(runs, "## CC\n{{table cc}}\n{{source cc}}\npage {{cc:profile[lte-trace][medians][pep_radio]"
+                           "[page_s]:.1f}} s\n", "measured/", "x.md")
+    rows = [line for line in page.splitlines() if line.startswith("| lte-trace |")]
+    assert [r.split(" | ")[1] for r in rows] == ["idle", "pep_radio", "bbr", "e2e"], page
+    assert "page 3.1 s" in page, page
