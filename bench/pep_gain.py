@@ -168,7 +168,7 @@ def gain_matrix(results: list[dict], key: str) -> list[str]:
 
 
 def write_markdown(path: str, results: list[dict], reps: int) -> None:
-    """The gain matrices (for the README), then every cell's medians."""
+    """The gain matrices (docs/measured.md shows them too), then every cell's medians."""
     keys = list(results[0]["proxy"]) if results else []
     with open(path, "w") as f:
         for key in keys:

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--hosts builds the cluster lab: it takes no --link, --plain or --graphs")
     if args.command == "up" and args.hosts and args.interception == "bpf":
         ap.error("--hosts with --interception bpf: FRR's bfdd in the graph's namespace breaks bpf interception "
-                 "(README, \"Several proxy hosts\"); use nft or route")
+                 "(docs/routing.md); use nft or route")
     if args.command == "up" and args.proxy_engine != "haproxy" and (args.hosts or args.plain or args.no_proxy):
         ap.error(f"--proxy-engine {args.proxy_engine} is the one-host lab's proxy: not with --hosts, --plain or "
                  "--no-proxy")
