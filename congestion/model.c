@@ -26,6 +26,8 @@
  *     --limit MS     (500)     --target MS  pep_radio's target (RADIO_TARGET_US)
  *     --idle         requests only, no download: the floor
  *     --flows N      bulk downloads of one subscriber at once (1)
+ *     --join S       the second and later downloads start S seconds in, into the
+ *                    queue the first one holds
  *     --offset S     start the traces S seconds in (they loop)
  *     --loss P       lose P% of the downlink's frames at random (after the queue)
  *     --no-timestamps  the client sends no TCP timestamps (the law falls back on RTTs)
@@ -185,6 +187,7 @@ enum ev_type {
 	EV_HANDSHAKE_RETRY,  /* a lost SYN, SYN-ACK or request: the client tries again after 1 s */
 	EV_SAMPLE,
 	EV_PAGE_START,       /* the page's connections start their handshakes */
+	EV_BULK_START,       /* a later bulk download starts (--join): flow */
 	EV_PAGE_REQ_AT_PEP,  /* a page connection's next request reaches the PEP: aux = its object */
 };
 
@@ -642,7 +645,7 @@ int main(int argc, char **argv)
 {
 	double seconds = 20, delay_ms = 25, limit_ms = 500, offset_s = 0, loss_pct = 0;
 	int idle = 0, series = 0, nbulk = 1, i;
-	double page_s = -1;
+	double page_s = -1, join_s = 0;
 	const char *paths[2] = {0};
 	int npaths = 0;
 	struct flow *bulk[MAX_BULK];
@@ -674,6 +677,8 @@ int main(int argc, char **argv)
 			series = 1;
 		else if (!strcmp(argv[i], "--no-timestamps"))
 			timestamps = 0;
+		else if (!strcmp(argv[i], "--join") && i + 1 < argc)
+			join_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--page") && i + 1 < argc)
 			page_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--sender") && i + 1 < argc && !strcmp(argv[i + 1], "cubic") && ++i)
@@ -687,7 +692,7 @@ int main(int argc, char **argv)
 	}
 	if (npaths != 2 || nbulk < 1 || nbulk > MAX_BULK) {
 		fprintf(stderr, "usage: model [--seconds S] [--delay MS] [--limit MS] [--target MS] [--flows N] "
-			"[--offset S] [--loss P] [--no-timestamps] [--idle] [--series] [--page S] [--sender cubic] "
+			"[--offset S] [--loss P] [--no-timestamps] [--idle] [--series] [--page S] [--join S] [--sender cubic] "
 			"DOWN_TRACE UP_TRACE\n");
 		return 2;
 	}
@@ -705,8 +710,12 @@ int main(int argc, char **argv)
 
 	for (i = 0; !idle && i < nbulk; i++) {
 		bulk[i] = new_flow(1, 0, 0);
-		/* The download's handshake happened before the measurement starts. */
-		flow_start(bulk[i], (__u32)(nflows - 1), 0, (__u32)(2 * delay_ms * 1000));
+		/* The download's handshake happened before the measurement starts (a joining one's, just
+		 * before it joins). */
+		if (i && join_s > 0)
+			push((__u64)(join_s * 1e6), EV_BULK_START, (__u32)(nflows - 1), 0, 0);
+		else
+			flow_start(bulk[i], (__u32)(nflows - 1), 0, (__u32)(2 * delay_ms * 1000));
 	}
 	for (__u64 t = 0; t + 1000000 <= end; t += 200000)
 		push(t, EV_PROBE_START, 0, 0, 0);
@@ -767,6 +776,9 @@ int main(int argc, char **argv)
 		case EV_REQ_AT_PEP:
 			if (!f->started)
 				flow_start(f, e.flow, e.t, (__u32)(e.t - e.a));
+			break;
+		case EV_BULK_START:
+			flow_start(f, e.flow, e.t, (__u32)(2 * delay_ms * 1000));
 			break;
 		case EV_PAGE_START:
 			page_start = e.t;
