@@ -185,6 +185,8 @@ class Lab:
         """The real thing: one 802.1Q trunk, the switch and the proxy host steering with tc BPF."""
         sw, ph = self.netns("switch"), self.netns("proxyhost")
         steps = switch_steps(sw, ph, self.switch_pins)
+        if getattr(opts, "no_pepctl", False):
+            return steps     # the proxy host is someone else's: a container booted in its namespace
         text = self.render_pep(opts)
         steps.append(Step("write the proxy host's pepctl config", Call("write", (self.pep_config, text),
                                                                         self.pep_config)))
@@ -228,7 +230,9 @@ class Lab:
                   for key in ("net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")]
         return steps
 
-    def render_pep(self, opts: argparse.Namespace) -> str:
+    def render_pep(self, opts: argparse.Namespace, run_dir: str | None = None, supervisor: str = "pepctl") -> str:
+        """The proxy host's pepctl config for these options. run_dir and supervisor: for a proxy host
+        that is not this lab's namespace (a container booted in it has a /run and a systemd of its own)."""
         with open(os.path.join(REPO, "netns", "lab.toml.in")) as f:
             template = string.Template(f.read())
         if opts.ports == "all" and opts.interception == "route":
@@ -240,7 +244,8 @@ class Lab:
         # With another engine as the proxy, pepctl's stays off: the graph routes, the engine intercepts.
         proxy = not opts.no_proxy and getattr(opts, "proxy_engine", "haproxy") == "haproxy"
         congestion = getattr(opts, "congestion", DEFAULT_CONGESTION)
-        text = template.substitute(rid=self.rid, run_dir=self.run_dir, proxy=str(proxy).lower(),
+        text = template.substitute(rid=self.rid, run_dir=run_dir or self.run_dir, supervisor=supervisor,
+                                   proxy=str(proxy).lower(),
                                    interception=opts.interception, ports=ports, splice=opts.splice,
                                    mode=opts.mode, experiment=experiment, threads=getattr(opts, "threads", 0),
                                    metrics_port=0 if getattr(opts, "no_metrics", False) else 9101,

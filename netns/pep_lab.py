@@ -17,6 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="build the lab and bring the proxy host up with pepctl")
     up.add_argument("--no-proxy", action="store_true", help="the pep namespace only routes")
+    up.add_argument("--no-pepctl", action="store_true",
+                    help="leave the proxy host's namespace bare (nic0 on the trunk, no pepctl up): a container "
+                    "booted in it is the proxy host (tests/netns/test_systemd.py)")
     up.add_argument("--link", metavar="PROFILE",
                     help="put the access-link emulator between client and switch (profiles: linkem/profiles.toml)")
     up.add_argument("--plain", action="store_true",
@@ -66,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "up" and args.hosts and args.interception == "bpf":
         ap.error("--hosts with --interception bpf: FRR's bfdd in the graph's namespace breaks bpf interception "
                  "(docs/routing.md); use nft or route")
+    if args.command == "up" and args.no_pepctl and (args.hosts or args.plain or args.proxy_engine != "haproxy"):
+        ap.error("--no-pepctl leaves the one-host lab's proxy host bare: not with --hosts, --plain or --proxy-engine")
     if args.command == "up" and args.proxy_engine != "haproxy" and (args.hosts or args.plain or args.no_proxy):
         ap.error(f"--proxy-engine {args.proxy_engine} is the one-host lab's proxy: not with --hosts, --plain or "
                  "--no-proxy")

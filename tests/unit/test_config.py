@@ -559,13 +559,15 @@ def test_lab_template_loads():
     """The lab's own config (netns/lab.toml.in) with its placeholders filled in."""
     with open(os.path.join(REPO, "netns", "lab.toml.in")) as f:
         text = f.read()
-    for k, v in {"$rid": "t1a2b3c", "$run_dir": "/run/peplab/x", "$proxy": "true", "$interception": "nft",
-                 "$ports": '"all"', "$splice": "auto", "$mode": "tcp", "$metrics_port": "9101", "$threads": "1",
-                 "$congestion": "pep_radio", "$experiment": "[graph.experiment]\ncontrol_fraction = 0.2"}.items():
+    for k, v in {"$rid": "t1a2b3c", "$run_dir": "/run/peplab/x", "$supervisor": "pepctl", "$proxy": "true",
+                 "$interception": "nft", "$ports": '"all"', "$splice": "auto", "$mode": "tcp", "$metrics_port": "9101",
+                 "$threads": "1", "$congestion": "pep_radio",
+                 "$experiment": "[graph.experiment]\ncontrol_fraction = 0.2"}.items():
         text = text.replace(k, v)
     cfg = parse(text, "lab.toml", available_cc=CC)
     assert cfg.host.instance == "plt1a2b3c"
     assert cfg.host.threads == 1
+    assert cfg.host.supervisor == "pepctl"
     assert cfg.graphs[0].experiment.control_fraction == 0.2
     assert (cfg.graphs[0].access.congestion, cfg.graphs[0].origin.congestion) == ("pep_radio", "cubic")
     assert cfg.notices == (), f"the lab's template uses a deprecated key: {cfg.notices}"
