@@ -71,9 +71,10 @@ def read_state(path: str) -> dict:
 
 def haproxy_pids(state: dict) -> list[int]:
     """Every HAProxy the supervisor has started and not seen exit: the current one, one starting,
-    and those finishing their connections."""
-    return list(dict.fromkeys(p for p in [state.get("haproxy"), state.get("starting"), *state.get("draining", [])]
-                              if p))
+    those finishing their connections, and any other it gave a stats socket (one that a restarted
+    supervisor could not adopt: stopping the instance must stop it too)."""
+    return list(dict.fromkeys(p for p in [state.get("haproxy"), state.get("starting"), *state.get("draining", []),
+                                          *map(int, state.get("sockets", {}))] if p))
 
 
 def socket_name(serial: int) -> str:
@@ -92,6 +93,17 @@ def is_our_haproxy(pid: int, cfg: str) -> bool:
     except OSError:
         return False
     return not zombie and os.path.basename(argv[0]) == b"haproxy" and cfg.encode() in argv
+
+
+def on_journal() -> bool:
+    """stdout is systemd's journal stream: JOURNAL_STREAM names its device and inode (systemd.exec(5)).
+    A process that merely inherited the variable (a keeper started by pep.service) writes elsewhere."""
+    dev, _, ino = os.environ.get("JOURNAL_STREAM", "").partition(":")
+    try:
+        st = os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError):
+        return False
+    return f"{st.st_dev}:{st.st_ino}" == f"{dev}:{ino}"
 
 
 # -- capabilities ---------------------------------------------------------------------------------
@@ -125,6 +137,9 @@ class Supervisor:
         self.dir = instance_dir
         self.p = paths(instance_dir)
         self.out = out or open(self.p["supervisor_log"], "a")  # noqa: SIM115
+        # Under systemd its lines go to the journal too (journalctl -u pep-supervisor@...), not only
+        # to the file that `pepctl status` and the keeper's users read.
+        self.journal = out is None and on_journal()
         self.state = read_state(self.p["state"])
         self.state.update(pid=os.getpid(), ready=False, started=time.time())
         self.pidfds: dict[int, int] = {}        # haproxy pid -> pidfd
@@ -135,6 +150,8 @@ class Supervisor:
 
     def log(self, msg: str) -> None:
         print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} supervisor: {msg}", file=self.out, flush=True)
+        if self.journal:
+            print(f"supervisor: {msg}", flush=True)
 
     def save(self) -> None:
         tmp = self.p["state"] + ".tmp"
