@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from netns.container import RUNS_DIR
 from netns.handle import LabHandle
 from pepctl import congestion
 from pepctl.names import CONGESTION_DIR, CONGESTION_LOCK, congestion_pins
@@ -58,6 +59,9 @@ def _snapshot() -> dict[str, set[str]]:
             "host folders": {d for d in ("/run/pep", "/run/peplab", "/run/pep-instances", "/var/log/pep")
                              if os.path.exists(d)},
             "congestion controls": _own_congestion(),
+            # Containers (netns/container.py): each run's disk and bpffs, and nspawn's folder per machine.
+            # Their cached Debian roots (CACHE_DIR, under /var/cache) are kept between runs on purpose.
+            "containers": listdir(RUNS_DIR) | listdir("/run/systemd/nspawn/propagate"),
             "processes": procs, "links": links}
 
 
