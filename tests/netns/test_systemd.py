@@ -41,6 +41,7 @@ import pytest
 from netns.container import Container, Root
 from netns.handle import LabHandle, wait_until
 from netns.lab import Lab
+from pepctl import hostinfo
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = "/etc/pep/pep.toml"
@@ -117,7 +118,13 @@ class Appliance:
         self.baseline: dict = {}
 
     def status(self) -> dict:
-        return json.loads(self.box.run(f"{PEPCTL} status --json").stdout)
+        """pepctl status --json inside; it exits 1 while the instance has a problem (a supervisor
+        being restarted), and still says everything."""
+        proc = self.box.run(f"{PEPCTL} status --json", check=False)
+        try:
+            return json.loads(proc.stdout)
+        except ValueError:
+            raise AssertionError(f"container: pepctl status --json exited {proc.returncode}: {proc.stderr}") from None
 
     def unit(self, unit: str, *props: str) -> dict[str, str]:
         out = self.box.run(f"systemctl show {unit} -p {','.join(props)}").stdout
@@ -200,6 +207,29 @@ def test_install_brings_the_proxy_up_and_the_origin_sees_the_client(appliance):
     assert appliance.box.run("systemctl is-enabled pep").stdout.strip() == "enabled"
     appliance.request()
     appliance.request("http://[2001:2:0:2::10]/", "2001:2:0:1::10")
+
+
+def test_open_file_limit_of_the_unit_reaches_haproxy_and_its_maxconn(appliance):
+    """LimitNOFILE= of the units sizes HAProxy's maxconn. systemd cannot raise a hard limit past the
+    container's own without CAP_SYS_RESOURCE: it sets the nearest it can, and so does this check."""
+    appliance.ensure_up()
+    def hard_nofile(pid: str) -> int:
+        line = next(ln for ln in appliance.box.run(f"cat /proc/{pid}/limits").stdout.splitlines()
+                    if ln.startswith("Max open files"))
+        return int(line.split()[4])
+    unit = int(appliance.unit(appliance.supervisor, "LimitNOFILE")["LimitNOFILE"])
+    ceiling = hard_nofile("1")
+    status = appliance.status()
+    got = hard_nofile(str(status["proxy"]["haproxy"]["pid"]))
+    assert got == min(unit, ceiling), f"HAProxy's open-file limit: {got}; expected the unit's {unit} or, " \
+                                      f"below it, the container's hard limit {ceiling}"
+    maxconn = status["graphs"][0]["proxy"]["haproxy"]["sessions_limit"]
+    assert maxconn == hostinfo.maxconn_for(got), f"HAProxy's maxconn {maxconn}; expected " \
+                                                  f"{hostinfo.maxconn_for(got)} for {got} open files"
+    if ceiling < unit:
+        pytest.skip(f"LimitNOFILE={unit} itself cannot take effect here: the container's hard limit is {ceiling} "
+                    f"(this machine's), and nspawn gets no CAP_SYS_RESOURCE to raise it; HAProxy got {got} "
+                    f"and maxconn {maxconn}, sized from it")
 
 
 def test_kill_9_of_haproxy_the_supervisor_brings_it_back(appliance):
