@@ -73,11 +73,15 @@ class Root:
         os.makedirs(CACHE_DIR, exist_ok=True)
         self._hold = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(self._hold, fcntl.LOCK_SH)
-        with open(os.path.join(CACHE_DIR, ".build.lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)          # one build at a time; a second run waits for it
-            if not os.path.isdir(self.path):
-                self._build()
-                self._prune()
+        try:
+            with open(os.path.join(CACHE_DIR, ".build.lock"), "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)          # one build at a time; a second run waits for it
+                if not os.path.isdir(self.path):
+                    self._build()
+                    self._prune()
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
@@ -187,7 +191,7 @@ class Container:
     def run(self, command: str, check: bool = True, timeout: float = 60, input: str | None = None):
         """A shell command inside the container, as root, in all of its namespaces, with a clean
         environment (as from a root login)."""
-        if not self.running:
+        if not self.running or not self.init_pid:
             raise AssertionError(f"container {self.name} is not running (to run: {command})")
         argv = ["nsenter", "--target", str(self.init_pid), "--all", "env", "-i",
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8",
@@ -225,27 +229,38 @@ class Container:
                 pass    # not empty (another container runs) or gone
 
     def destroy(self) -> None:
-        """Stops the container if it runs (poweroff; SIGKILL to its PID 1 if that hangs), then removes its
-        disk and folder."""
+        """Stops the container if it runs (poweroff, or a kill if that fails), then removes its disk
+        and folder."""
         if self.running:
             try:
                 self.poweroff(timeout=30)
             except AssertionError:
-                if self.init_pid:
-                    try:
-                        os.kill(self.init_pid, signal.SIGKILL)     # ends every process of its PID namespace
-                    except ProcessLookupError:
-                        pass
-                self.proc.wait(timeout=30)
-                self._after_exit()
+                self._kill()
         _umount(self.bpf)
         _umount(self.disk)
-        if not _mounted(self.disk) and not _mounted(self.bpf):
+        if not os.path.ismount(self.disk) and not os.path.ismount(self.bpf):
             shutil.rmtree(self.dir, ignore_errors=True)
         try:
             os.rmdir(RUNS_DIR)
         except OSError:
             pass
+
+    def _kill(self) -> None:
+        """SIGKILL to the container's PID 1, which ends every process of its PID namespace; to nspawn
+        itself if the container never got that far. Both by their recorded PIDs."""
+        for pid in (self.init_pid, self.proc.pid):
+            if not pid:
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=15)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self._after_exit()
 
 
 def _children(pid: int) -> list[int]:
@@ -264,12 +279,8 @@ def _comm(pid: int) -> str:
         return ""
 
 
-def _mounted(path: str) -> bool:
-    return os.path.ismount(path)
-
-
 def _umount(path: str) -> None:
-    if _mounted(path):
+    if os.path.ismount(path):
         subprocess.run(["umount", path], check=True, capture_output=True)
 
 
