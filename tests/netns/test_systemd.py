@@ -248,6 +248,11 @@ def test_kill_9_of_the_supervisor_systemd_restarts_it_and_haproxy_carries_on(app
     appliance.ensure_up()
     before = appliance.unit(appliance.supervisor, "MainPID", "NRestarts")
     haproxy = appliance.status()["proxy"]["haproxy"]["pid"]
+    # A download through HAProxy across the supervisor's death: 10 MB at 4 MB/s.
+    held = appliance.lab.popen("client", "curl", "-s", "-o", "/dev/null", "--limit-rate", "4M", "-m", "20",
+                               "-w", "%{size_download}", "http://198.19.0.10/10m")
+    wait_until(lambda: appliance.status()["graphs"][0]["proxy"]["haproxy"]["sessions_current"] >= 1,
+               timeout=5, what="the download to be proxied")
     appliance.box.run(f"kill -9 {before['MainPID']}")
     after = wait_until(lambda: (u := appliance.unit(appliance.supervisor, "MainPID", "NRestarts", "ActiveState"))
                        ["ActiveState"] == "active" and u["MainPID"] not in ("0", before["MainPID"]) and u,
@@ -259,6 +264,9 @@ def test_kill_9_of_the_supervisor_systemd_restarts_it_and_haproxy_carries_on(app
         f"HAProxy pid {haproxy} should have been adopted by the new supervisor; now {proxy['haproxy']}"
     lines = appliance.box.run(f"journalctl -u {appliance.supervisor} --no-pager -n 20").stdout
     assert f"adopted running HAProxy pid {haproxy}" in lines, lines[-1500:]
+    out, err = held.communicate(timeout=30)
+    assert held.returncode == 0 and out == str(10 << 20), \
+        f"client: the download across the supervisor's death: curl exit {held.returncode}, {out} bytes {err}"
     appliance.request()
 
 
