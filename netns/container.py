@@ -1,7 +1,8 @@
 """A Debian bookworm machine with systemd as PID 1, booted by systemd-nspawn in a lab namespace.
 
-The README's host install (scripts/setup --host, the units of etc/systemd/, `systemctl enable --now
-pep`) runs in it for real (tests/netns/test_systemd.py): this machine's own PID 1 is not systemd.
+The host install of docs/operations.md, "Under systemd" (scripts/setup --host, the units of
+etc/systemd/, `systemctl enable --now pep`) runs in it for real (tests/netns/test_systemd.py): this
+machine's own PID 1 is not systemd.
 
    cache, kept between runs:  CACHE_DIR/<key>/            a Debian root from Debian's packages (mmdebstrap)
                                                           with systemd and the packages of `setup --host`;
@@ -35,9 +36,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUITE = "bookworm"
 CACHE_DIR = os.environ.get("PEP_TEST_CACHE", "/var/cache/pep-tests/roots")
 RUNS_DIR = "/var/tmp/pep-nspawn"
-# What a systemd host has before the README's commands run: an init, D-Bus, git to clone with.
+# What a systemd host has before the install's commands run: an init, D-Bus, git to clone with.
 BOOT_PACKAGES = ("systemd", "systemd-sysv", "dbus", "git")
-# What a container host must grant the appliance (README, "In a container"), beyond nspawn's defaults:
+# What a container host must grant the appliance (docs/operations.md, "In a container"), beyond nspawn's defaults:
 # BPF and NET_ADMIN (the datapath, links, nftables); SYS_ADMIN (namespaces, setns) is a default.
 CAPABILITIES = ("CAP_BPF", "CAP_NET_ADMIN", "CAP_SYS_ADMIN")
 # ... and system calls that nspawn's seccomp filter refuses by default, whatever the capabilities:

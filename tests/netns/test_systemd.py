@@ -1,4 +1,4 @@
-"""The README's host install, run for real: a Debian bookworm container with systemd as PID 1.
+"""The host install under systemd (docs/operations.md), run for real: a Debian bookworm container with systemd as PID 1.
 
    client 198.18.0.10 -- switch ==trunk (VLANs 100, 200)== nic0 [container: systemd, PID 1]
                                                                  pep.service: pepctl up / reload / down
@@ -9,7 +9,7 @@
 The lab is `pep-lab up --no-pepctl`: its proxyhost namespace has the trunk on nic0 and nothing
 else. The container (netns/container.py: a cached Debian root from Debian's packages, an overlay
 as its disk, booted by systemd-nspawn in that namespace) is the proxy host. Inside it runs exactly
-the commands of the README's block that begins `git clone ... /opt/pep`, with `...` a git bundle
+the commands of the docs' block that ends `systemctl enable --now pep`, with `...` a git bundle
 of this checkout's HEAD (commit first: uncommitted changes are not in it), and the lab's pepctl
 config (netns/lab.toml.in, supervisor "auto") as the edit of /etc/pep/pep.toml.
 
@@ -47,7 +47,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CONFIG = "/etc/pep/pep.toml"
 PEPCTL = f"/opt/pep/scripts/pepctl -c {CONFIG}"
 BUNDLE = "/root/pep.bundle"      # the "..." of `git clone ... /opt/pep`, inside the container
-README_MARK = "git clone ... /opt/pep"
+INSTALL_MARK = "systemctl enable --now pep"
+DOCS = ("README.md", "docs/operations.md")   # where the install and the scores are told
 
 # What could be left of an instance inside the container: compared after setup and after stop.
 SNAPSHOT = r"""
@@ -90,20 +91,26 @@ print(json.dumps({
 """
 
 
-def readme_commands() -> list[str]:
-    """The README's host install: the shell block holding README_MARK, one command a line
-    (continuations joined)."""
-    with open(os.path.join(REPO, "README.md")) as f:
-        blocks = re.findall(r"```sh\n(.*?)```", f.read(), re.S)
-    found = [b for b in blocks if README_MARK in b]
-    assert len(found) == 1, f"README.md: expected one ```sh block with `{README_MARK}`, found {len(found)}"
+def docs_text() -> str:
+    text = ""
+    for name in DOCS:
+        with open(os.path.join(REPO, name)) as f:
+            text += f.read()
+    return text
+
+
+def install_commands() -> list[str]:
+    """The documented host install under systemd: the shell block holding INSTALL_MARK, one command
+    a line (continuations joined)."""
+    blocks = re.findall(r"```sh\n(.*?)```", docs_text(), re.S)
+    found = [b for b in blocks if INSTALL_MARK in b]
+    assert len(found) == 1, f"{' and '.join(DOCS)}: expected one ```sh block with `{INSTALL_MARK}`, found {len(found)}"
     return [c.strip() for c in found[0].replace("\\\n", " ").splitlines() if c.strip()]
 
 
-def readme_scores() -> dict[str, tuple[float, str]]:
-    """The README's table of `systemd-analyze security` scores: unit template -> (exposure, word)."""
-    with open(os.path.join(REPO, "README.md")) as f:
-        rows = re.findall(r"^\| `(pep[\w@.-]*\.service)` \| ([\d.]+) (\w+) \|$", f.read(), re.M)
+def documented_scores() -> dict[str, tuple[float, str]]:
+    """The documented table of `systemd-analyze security` scores: unit template -> (exposure, word)."""
+    rows = re.findall(r"^\| `(pep[\w@.-]*\.service)` \| ([\d.]+) (\w+) \|$", docs_text(), re.M)
     return {unit: (float(score), word) for unit, score, word in rows}
 
 
@@ -185,11 +192,11 @@ def appliance():
 
 
 def install(app: Appliance) -> None:
-    """Exactly the README's commands; the edit of /etc/pep/pep.toml is the lab's own config."""
+    """Exactly the documented commands; the edit of /etc/pep/pep.toml is the lab's own config."""
     lab = Lab(app.lab.name)
     config = lab.render_pep(argparse.Namespace(**lab.journal.meta["options"]), run_dir="/run", supervisor="auto")
-    commands = readme_commands()
-    assert any(CONFIG in c for c in commands), f"README: no command of the install block writes {CONFIG}"
+    commands = install_commands()
+    assert any(CONFIG in c for c in commands), f"{' and '.join(DOCS)}: no command of the install block writes {CONFIG}"
     for command in commands:
         if command.startswith("systemctl") and "enable" in command:
             app.baseline = app.snapshot()      # what the host has before the instance
@@ -304,21 +311,21 @@ def test_journal_shows_each_units_lines(appliance):
 
 def test_security_scores_are_the_readmes(appliance):
     appliance.ensure_up()
-    claims = readme_scores()
+    claims = documented_scores()
     units = {"pep.service": "pep.service", "pep-supervisor@.service": appliance.supervisor,
              "pep-exporter@.service": appliance.exporter}
-    assert set(claims) == set(units), f"README: a score for each unit expected, got {sorted(claims)}"
+    assert set(claims) == set(units), f"{' and '.join(DOCS)}: a score for each unit expected, got {sorted(claims)}"
     got = {}
     for template, unit in units.items():
         out = appliance.box.run(f"systemd-analyze security {unit} --no-pager", check=False).stdout
         m = re.search(r"Overall exposure level for \S+: ([\d.]+) (\w+)", out)
         assert m, f"container: systemd-analyze security {unit} printed no score: {out[-500:]}"
         got[template] = (float(m.group(1)), m.group(2))
-    assert got == claims, f"systemd-analyze security: README says {claims}, systemd says {got}"
+    assert got == claims, f"systemd-analyze security: the docs say {claims}, systemd says {got}"
 
 
 def test_restart_takes_the_instance_down_and_up(appliance):
-    """README: restart is down then up; connections in progress are reset."""
+    """The docs: restart is down then up; connections in progress are reset."""
     appliance.ensure_up()
     before = appliance.status()["proxy"]
     since = appliance.box.run("date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
@@ -353,7 +360,7 @@ def test_stop_leaves_nothing_of_the_instance(appliance):
     left = appliance.snapshot()
     diff = {k: {"before": appliance.baseline[k], "after": left[k]} for k in left if left[k] != appliance.baseline[k]}
     assert not diff, f"container: systemctl stop pep left this behind: {diff}"
-    # Nothing forwards between the VLANs any more (README).
+    # Nothing forwards between the VLANs any more (the docs).
     proc = appliance.lab.run("client", "curl", "-s", "-m", "2", "http://198.19.0.10/", check=False)
     assert proc.returncode != 0, "client: a request reached the origin with the instance stopped"
 
