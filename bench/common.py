@@ -33,7 +33,7 @@ def process_cpu_seconds(pid: int) -> float:
 
 def exporter_cpu_seconds(lab: LabHandle) -> float:
     """CPU time the lab's metrics exporter has used (its PID file is in the instance's folder)."""
-    with open(f"{lab.run_dir}/pep/pl{lab.rid}/exporter.pid") as f:
+    with open(lab.config().instance_names().exporter_pid) as f:
         return process_cpu_seconds(int(f.read()))
 
 

@@ -31,7 +31,6 @@ from contextlib import ExitStack
 from netns.engines import LISTEN_PORT, MINRELAY, listening
 from netns.handle import wait_until
 from pepctl import config as configmod
-from pepctl.names import instance_names
 from pepctl.reload import reload_haproxy
 
 from .common import git_rev, labs, paired_ratio, write_report
@@ -137,7 +136,7 @@ ENGINE_CANDIDATES = {
 def apply(lab, change: Callable[[str], str]) -> None:
     """Change the lab's rendered HAProxy config and have the supervisor reload it."""
     cfg = configmod.load(os.path.join(lab.run_dir, "pep.toml"))
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     with open(n.haproxy_cfg) as f:
         text = f.read()
     new = change(text)

@@ -11,6 +11,7 @@ import threading
 import time
 
 from netns.lab import node_netns
+from pepctl import config as configmod
 from pepctl.runner import Journal
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,6 +53,10 @@ class LabHandle:
 
     def netns(self, node: str) -> str:
         return node_netns(f"pl{self.rid}", node)
+
+    def config(self) -> configmod.Config:
+        """The proxy host's pepctl config, as the lab wrote it: its names are cfg.instance_names()."""
+        return configmod.load(os.path.join(self.run_dir, "pep.toml"))
 
     def argv(self, node: str, *cmd: str) -> list[str]:
         return ["ip", "netns", "exec", self.netns(node), *cmd]

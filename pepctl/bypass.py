@@ -30,7 +30,6 @@ from .config import (
     kind_problem,
     zone_problem,
 )
-from .names import graph_names, instance_names
 from .runner import Call, Step, action
 
 KINDS = ("client", "server", "port")
@@ -167,12 +166,12 @@ def config_rules(b: Bypass) -> set[Rule]:
 
 
 def pins(cfg: Config) -> str:
-    return instance_names(cfg).flow_pins
+    return cfg.instance_names().flow_pins
 
 
 def live_path(cfg: Config, g: Graph) -> str:
     # In the format of `bypass add --from-file`, so an operator can copy it elsewhere.
-    return graph_names(cfg, g).live_rules
+    return cfg.graph_names(g).live_rules
 
 
 def read_live_file(path: str) -> set[Rule]:

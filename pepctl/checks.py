@@ -19,7 +19,7 @@ import socket
 from . import congestion, routing, service
 from .config import OWN_CONGESTION, Config, ConfigError, FieldError
 from .hostinfo import HostInfo, maxconn_for
-from .names import EXPORTER_UNIT, TRUNK_PREF, graph_names, instance_names, netns_path, unit_name
+from .names import EXPORTER_UNIT, TRUNK_PREF, netns_path, unit_name
 from .register import register_entry, running_instances
 from .runner import run
 
@@ -45,13 +45,13 @@ def problems(cfg: Config, info: HostInfo) -> list[FieldError]:
                 f"{service.UNIT_FILE}), which does not exist here; create it with `useradd --system --user-group "
                 f"--no-create-home --shell /usr/sbin/nologin {info.proxy_user}` (scripts/setup does)")
         if service.backend(cfg.host.supervisor) == "systemd":
-            unit = unit_name(instance_names(cfg))
+            unit = unit_name(cfg.instance_names())
             if run(["systemctl", "cat", unit], check=False).returncode != 0:
                 bad("host.supervisor", cfg.host.supervisor, f"systemd runs this host but has no {unit}: install "
                     f"{service.UNIT_FILE} into /etc/systemd/system and run `systemctl daemon-reload`, or set "
                     "supervisor = \"pepctl\"")
     if cfg.host.metrics_port and service.backend(cfg.host.supervisor) == "systemd":
-        unit = unit_name(instance_names(cfg), EXPORTER_UNIT)
+        unit = unit_name(cfg.instance_names(), EXPORTER_UNIT)
         if run(["systemctl", "cat", unit], check=False).returncode != 0:
             bad("host.metrics_port", cfg.host.metrics_port, f"systemd runs this host but has no {unit}: install "
                 f"{service.EXPORTER_UNIT_FILE} into /etc/systemd/system and run `systemctl daemon-reload`, "
@@ -171,7 +171,7 @@ def _same_listener(a: list | None, b: list) -> bool:
 
 def names_taken(cfg: Config) -> list[FieldError]:
     """Names the plan would make that exist already."""
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     links = {name for _, name in socket.if_nameindex()}
     out = []
     if os.path.lexists(n.pins):
@@ -183,7 +183,7 @@ def names_taken(cfg: Config) -> list[FieldError]:
                               f"({', '.join(sorted(os.listdir(n.dir))[:4])}): it is not this instance's; move its "
                               "files away or choose another run_dir or instance name"))
     for g in cfg.graphs:
-        gn = graph_names(cfg, g)
+        gn = cfg.graph_names(g)
         if os.path.lexists(netns_path(gn.netns)):
             out.append(FieldError(cfg.path, f"graph[{g.index}].name", g.name, f"namespace {gn.netns} exists "
                                   "already; take down the instance that made it, or rename the graph"))

@@ -20,7 +20,6 @@ from haproxy import supervise
 from . import bypass, checks, drain, exporter, hostinfo, plan, report, service, status
 from . import config as configmod
 from .lock import InstanceLock, LockBusy
-from .names import instance_names
 from .reload import reload
 from .runner import Journal, StepError, apply, undo_all
 
@@ -41,7 +40,7 @@ def load(args):
 
 
 def locked(cfg, command: str, args) -> InstanceLock:
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     return InstanceLock(n.lock, cfg.host.instance, command, wait=0 if args.no_wait else args.wait)
 
 
@@ -68,7 +67,7 @@ def _forget(cfg, journal: Journal, lock: InstanceLock) -> None:
 
 def cmd_up(args, out) -> int:
     cfg, info = load(args)
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     text, digest = read_config(args.config)
     with locked(cfg, "up", args) as lock:
         journal = Journal(n.journal)
@@ -123,7 +122,7 @@ def cmd_down(args, out) -> int:
         cfg = configmod.load(args.config, host_only=True)
         print(f"pepctl down: notice: {args.config} no longer passes the checks ({e.errors[0]}); "
               "taking down what the journal says was made", file=sys.stderr)
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     if not os.path.exists(n.journal):
         print(f"instance {cfg.host.instance} is not up (no {n.journal}); nothing to do", file=out)
         return 0
@@ -160,7 +159,7 @@ def cmd_reload(args, out) -> int:
     text, digest = read_config(args.config)
     with locked(cfg, "reload", args):
         try:
-            return reload(cfg, info, Journal(instance_names(cfg).journal), text, digest, out)
+            return reload(cfg, info, Journal(cfg.instance_names().journal), text, digest, out)
         except StepError as e:
             print(f"pepctl reload: {e}", file=sys.stderr)
             return 1
@@ -180,7 +179,7 @@ def _graph(cfg, name: str | None):
 
 def cmd_bypass(args, out) -> int:
     cfg = configmod.load(args.config)
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     if not os.path.exists(n.journal):
         print(f"pepctl bypass: instance {cfg.host.instance} is not up; rules in the config apply at `up`",
               file=sys.stderr)
@@ -293,7 +292,7 @@ def _old_config(journal: Journal, cfg, g):
 
 def cmd_drain(args, out) -> int:
     cfg = configmod.load(args.config)
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     with locked(cfg, "drain", args):
         journal = Journal(n.journal)
         if not journal.complete:
@@ -323,7 +322,7 @@ def cmd_exporter(args, out) -> int:
 
 def cmd_report(args, out) -> int:
     cfg = configmod.load(args.config)
-    return report.run(args, args.log or instance_names(cfg).experiment_log, out)
+    return report.run(args, args.log or cfg.instance_names().experiment_log, out)
 
 
 COMMANDS = {

@@ -30,7 +30,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
-from . import radio_maps
+from . import names, radio_maps
 from .routing import Member, Peer, Routing
 
 Iface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
@@ -126,6 +126,12 @@ class Config:
     graphs: tuple[Graph, ...]
     routing: Routing | None = None      # several hosts behind routers (pepctl/routing.py); None: one host
     notices: tuple[str, ...] = ()       # what the config should change but still works (deprecated keys)
+
+    def instance_names(self) -> names.InstanceNames:
+        return names.instance_names(self.host.instance, self.host.run_dir, self.host.bpf_dir)
+
+    def graph_names(self, g: Graph) -> names.GraphNames:
+        return names.graph_names(self.host.instance, self.host.run_dir, g.name, g.index, g.access.vlan, g.origin.vlan)
 
 
 @dataclass(frozen=True)
@@ -239,10 +245,6 @@ MAXCONN_MAX = 800_000_000
 # 107 - len(".4194304.tmp") = 95 bytes. run_dir_max() is what that leaves run_dir.
 UNIX_PATH_MAX = 107
 STATS_SOCKET_MAX = UNIX_PATH_MAX - len(".4194304.tmp")
-# Under run_dir/INSTANCE: the longest stats socket a HAProxy process binds (haproxy/supervise.py
-# socket_name; names.instance_names(...).haproxy_sock_longest).
-STATS_SOCKET_TAIL = ("proxy", "haproxy.s999999.sock")
-SUPERVISOR_UNIT = "pep-supervisor@.service"     # as pepctl/names.py SUPERVISOR_UNIT (names imports this module)
 UNIT_NAME_MAX = 255       # systemd: pep-supervisor@<run_dir/INSTANCE, escaped>.service
 PATH_LEN_MAX = 255        # run_dir, bpf_dir: NAME_MAX, so no pin path (bpf_dir/INSTANCE/flow/maps/NAME) nears PATH_MAX
 PATH_CHARS = "letters, digits, '.', '_', '-' and '/'"   # POSIX's portable file name characters
@@ -403,20 +405,18 @@ def zone_problem(text: str) -> str | None:
 
 def run_dir_max(instance: str) -> int:
     """The longest run_dir whose stats sockets (run_dir/INSTANCE/proxy/haproxy.sNNNNNN.sock) HAProxy can bind."""
-    return STATS_SOCKET_MAX - len(stats_socket("", instance))
+    return STATS_SOCKET_MAX - len(stats_socket("/", instance))
 
 
 def stats_socket(run_dir: str, instance: str) -> str:
-    """HAProxy's longest stats socket, as pepctl/names.py instance_names(...).haproxy_sock_longest."""
-    return "/".join((run_dir, instance, *STATS_SOCKET_TAIL))
+    """HAProxy's longest stats socket (pepctl/names.py haproxy_sock_longest)."""
+    return names.instance_names(instance, run_dir).haproxy_sock_longest
 
 
 def supervisor_unit_len(run_dir: str, instance: str) -> int:
-    """The length of pepctl/names.py unit_name(): pep-supervisor@<run_dir/INSTANCE, as
-    systemd-escape --path writes it>.service, for a path that path_problem() passed (its only
-    characters systemd escapes are '-', and '.' at the start, each as \\xNN)."""
-    esc = f"{run_dir}/{instance}".strip("/")
-    return len(SUPERVISOR_UNIT) + len(esc) + 3 * esc.count("-") + 3 * esc.startswith(".")
+    """The length of the supervisor's unit name (pepctl/names.py unit_name):
+    pep-supervisor@<run_dir/INSTANCE, as systemd-escape --path writes it>.service."""
+    return len(names.unit_name(names.instance_names(instance, run_dir)))
 
 
 def path_problem(path: str, example: str) -> str | None:

@@ -40,7 +40,7 @@ import struct
 from . import bpfsys, radio_maps
 from .config import OWN_CONGESTION, Config, FieldError, Graph
 from .lock import InstanceLock, LockBusy
-from .names import CONGESTION_DIR, CONGESTION_LOCK, congestion_pins, graph_names, instance_names, netns_path
+from .names import CONGESTION_DIR, CONGESTION_LOCK, congestion_pins, netns_path
 from .register import users_of
 from .runner import Call, Step, StepError, action, remove_dir, run
 
@@ -142,7 +142,7 @@ def problems(cfg: Config) -> list[FieldError]:
 # -- the steps ---------------------------------------------------------------------------------------
 def steps(cfg: Config) -> list[Step]:
     """Register each of pepctl's own congestion controls the instance uses (shared, see above)."""
-    journal = instance_names(cfg).journal
+    journal = cfg.instance_names().journal
     out = []
     for cc in used(cfg):
         obj, loader = BUILT[cc]
@@ -161,7 +161,7 @@ def graph_steps(cfg: Config, g: Graph) -> list[Step]:
     """A pep_radio graph's parameters, once its namespace exists (its inode is the key)."""
     if g.access.congestion != radio_maps.NAME:
         return []
-    ns = graph_names(cfg, g).netns
+    ns = cfg.graph_names(g).netns
     pins = congestion_pins(radio_maps.NAME)
     target = g.access.queue_target_ms * 1000
     where = f"[inode of {netns_path(ns)}]"

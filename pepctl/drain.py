@@ -28,7 +28,7 @@ import time
 
 from . import bypass, nsutil, routing
 from .config import Config
-from .names import C_IN, RULE_PREF, S_IN, graph_names, instance_names
+from .names import C_IN, RULE_PREF, S_IN
 from .runner import StepError, pid_alive, read_pid, remove_file, run, write_file
 
 DRAIN_PREF = RULE_PREF + 100       # after the interception's rules: a socket's packets stay here
@@ -76,7 +76,7 @@ def announce(cfg: Config, drained: bool) -> None:
     """Replace bgpd's prefix lists (empty when drained) and tell the routers now, not at FRR's
     next route-map timer."""
     r = cfg.routing
-    folder = instance_names(cfg).frr_dir
+    folder = cfg.instance_names().frr_dir
     # The files say what runs: a restarted daemon announces the same.
     for daemon, text in routing.configs(r, routing.hostname(cfg.host.instance, r), drained).items():
         write_file(routing.frr_file(folder, daemon, "conf"), text)
@@ -88,13 +88,13 @@ def announce(cfg: Config, drained: bool) -> None:
 
 
 def state_path(cfg: Config) -> str:
-    return os.path.join(instance_names(cfg).frr_dir, "drained")
+    return os.path.join(cfg.instance_names().frr_dir, "drained")
 
 
 def drain(cfg: Config, installed: Config, timeout: float, out) -> int:
     r = cfg.routing
     g = next(g for g in cfg.graphs if g.name == r.graph)
-    ns = graph_names(cfg, g).netns
+    ns = cfg.graph_names(g).netns
     rules = handover_rules(r)
     run(["ip", "-n", ns, "-batch", "-"], input="\n".join(handover_lines(r, "add")) + "\n")
     bypass.add(cfg, installed, g, sorted(rules))
@@ -122,7 +122,7 @@ def drain(cfg: Config, installed: Config, timeout: float, out) -> int:
 def undo(cfg: Config, out) -> int:
     r = cfg.routing
     g = next(g for g in cfg.graphs if g.name == r.graph)
-    ns = graph_names(cfg, g).netns
+    ns = cfg.graph_names(g).netns
     announce(cfg, drained=False)
     run(["ip", "-n", ns, "-batch", "-"], input="\n".join(handover_lines(r, "del")) + "\n", check=False)
     rules = handover_rules(r) - bypass.config_rules(g.bypass)
@@ -150,7 +150,7 @@ def check_drainable(cfg: Config) -> None:
     if alone:
         raise StepError(f"{cfg.path}: routing.hosts gives shares {', '.join(map(str, alone))} no other host: "
                         "draining would leave their subscribers with no proxy host; add a host to the cluster first")
-    if not os.path.exists(routing.frr_file(instance_names(cfg).frr_dir, "bgpd", "vty")):
+    if not os.path.exists(routing.frr_file(cfg.instance_names().frr_dir, "bgpd", "vty")):
         raise StepError(f"instance {cfg.host.instance}: FRR's bgpd is not running; bring the instance up first")
 
 
@@ -159,7 +159,7 @@ def report(cfg: Config) -> dict:
     """[routing] as it runs: FRR's daemons, the sessions to the routers (BGP and BFD), what this
     host announces, and the drain."""
     r = cfg.routing
-    folder = instance_names(cfg).frr_dir
+    folder = cfg.instance_names().frr_dir
     pids = {d: read_pid(routing.frr_file(folder, d, "pid")) for d in routing.FRR_DAEMONS}
     out: dict = {"host": r.host, "daemons": {d: {"pid": pid, "running": bool(pid and pid_alive(pid))}
                                               for d, pid in pids.items()},

@@ -40,9 +40,9 @@ from .names import (
     S_IN,
     TRUNK_PREF,
     GraphNames,
-    graph_names,
     in_netns,
-    instance_names,
+    instance_files,
+    proxy_files,
 )
 from .render_nft import render_nft
 from .runner import Call, Step, StepError, action, daemon_step, note, remove_file, run, run_json, wait_for, write_file
@@ -155,7 +155,7 @@ def proxied(cfg: Config) -> list[Graph]:
 
 
 def host_steps(cfg: Config, info: HostInfo) -> list[Step]:
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     steps = [
         Step("mount bpffs at /sys/fs/bpf", ["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], done=_mounted_bpffs),
         mkdir_step(cfg.host.bpf_dir, 0o700, ours=[], what=f"create {cfg.host.bpf_dir}"),
@@ -167,18 +167,12 @@ def host_steps(cfg: Config, info: HostInfo) -> list[Step]:
                   Step("load the flow program and maps (interception, bypass, fail-open)",
                        loadall_argv(FLOW_OBJ, n.flow_pins))]
     steps += [
-        mkdir_step(n.dir, 0o750, gid=info.proxy_gid, ours=INSTANCE_FILES, what=f"create run folder {n.dir}"),
-        mkdir_step(n.proxy_dir, 0o750, uid=info.proxy_uid, gid=info.proxy_gid, ours=PROXY_FILES,
+        mkdir_step(n.dir, 0o750, gid=info.proxy_gid, ours=instance_files(n), what=f"create run folder {n.dir}"),
+        mkdir_step(n.proxy_dir, 0o750, uid=info.proxy_uid, gid=info.proxy_gid, ours=proxy_files(n),
                    what=f"create the proxy's folder {n.proxy_dir}"),
         *tuning_steps(cfg, info),
     ]
     return steps
-
-
-# What the instance's folders may hold: the undo removes these and nothing else.
-INSTANCE_FILES = ["haproxy.cfg", "haproxy.cfg.new", "*.tmp", "*.nft", "*.bypass.rules", "keeper.pid", "keeper.log",
-                  "exporter-keeper.pid", "exporter.pid", "exporter.log", "experiment.jsonl", "experiment.jsonl.1"]
-PROXY_FILES = ["*.sock", "haproxy.log", "supervisor.pid", "supervisor.json", "supervisor.log", "*.tmp"]
 
 
 def _onlink(side: Side, net) -> bool:
@@ -285,7 +279,7 @@ def _flow_graph(pins: str, slot: int, flags: int, listen_port: int, addrs: list,
 
 
 def flow_graph_step(cfg: Config, g: Graph, n: GraphNames) -> Step:
-    pins = instance_names(cfg).flow_pins
+    pins = cfg.instance_names().flow_pins
     flags, listen, control = flow_flags(g)
     addrs = [str(a.ip) for s in (g.access, g.origin) for a in s.addresses]
     ports = [list(r) for r in g.proxy.ports or ()]
@@ -316,7 +310,7 @@ BPF_SYSCTLS = [("net.ipv4.tcp_max_tw_buckets", "0")]
 
 def graph_steps(cfg: Config, g: Graph) -> list[Step]:
     """The graph's namespace: links, addresses, routes, sysctls."""
-    n = graph_names(cfg, g)
+    n = cfg.graph_names(g)
     sysctls = NETNS_SYSCTLS + (BPF_SYSCTLS if g.proxy.enabled and g.proxy.interception == "bpf" else [])
     return [Step(f"links, addresses and routes of graph {g.name} in {n.netns}", ["ip", "-n", n.netns, "-batch", "-"],
                  input=graph_batch(cfg, g, n)),
@@ -326,9 +320,9 @@ def graph_steps(cfg: Config, g: Graph) -> list[Step]:
 def graph_proxy_steps(cfg: Config, g: Graph) -> list[Step]:
     """A proxied graph's interception: policy rules, nft table (mode nft), its flow map entries
     and bypass rules, and flow_ingress on both links."""
-    n = graph_names(cfg, g)
+    n = cfg.graph_names(g)
     ns = n.netns
-    inst = instance_names(cfg)
+    inst = cfg.instance_names()
     steps = []
     steps.append(Step(f"IPv6 interception rules of graph {g.name}", ["ip", "-n", ns, "-6", "-batch", "-"],
                       input="\n".join(interception_lines(g, 6)) + "\n"))
@@ -349,7 +343,7 @@ def namespaces_step(cfg: Config) -> Step:
     """Every graph's namespace in one `ip -batch`; the undo removes them with their links."""
     make, spaces, links = [], [], []
     for g in cfg.graphs:
-        n = graph_names(cfg, g)
+        n = cfg.graph_names(g)
         make.append(f"netns add {n.netns}")
         spaces.append(n.netns)
         links += [n.c_out, n.s_out]
@@ -381,14 +375,14 @@ def ports_up_step(cfg: Config) -> Step:
     """The host ends carry only redirected frames: no IPv6 address of their own, then up."""
     lines = []
     for g in cfg.graphs:
-        n = graph_names(cfg, g)
+        n = cfg.graph_names(g)
         for port in (n.c_out, n.s_out):
             lines += [f"link set {port} addrgenmode none", f"link set {port} up"]
     return Step("bring up the host ends of every graph", ["ip", "-batch", "-"], input="\n".join(lines) + "\n")
 
 
 def haproxy_steps(cfg: Config, info: HostInfo) -> list[Step]:
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     text = haproxy_config(cfg, info)
     how = service.backend(cfg.host.supervisor)
     start, stop = service.start_call(n, how)
@@ -406,7 +400,7 @@ def exporter_steps(cfg: Config) -> list[Step]:
     if not cfg.host.metrics_port:
         return []
     how = service.backend(cfg.host.supervisor)
-    start, stop = service.exporter_calls(instance_names(cfg), how, cfg.host.metrics_address, cfg.host.metrics_port)
+    start, stop = service.exporter_calls(cfg.instance_names(), how, cfg.host.metrics_address, cfg.host.metrics_port)
     return [Step(f"start the metrics exporter on {_host_port(cfg.host.metrics_address, cfg.host.metrics_port)} "
                  f"({'systemd' if how == 'systemd' else 'pepctl keeper'})", start, undo=stop)]
 
@@ -432,7 +426,7 @@ def haproxy_config(cfg: Config, info: HostInfo) -> str:
         p = g.proxy
         ports = (str(p.listen_port),) if p.one_listener else \
             tuple(_port_arg(lo, hi) for lo, hi in p.ports or ())
-        proxies.append(GraphProxy(name=graph_names(cfg, g).proxy, netns=graph_names(cfg, g).netns, ports=ports,
+        proxies.append(GraphProxy(name=cfg.graph_names(g).proxy, netns=cfg.graph_names(g).netns, ports=ports,
                                   mode=p.mode, splice=p.splice, maxconn=min(p.maxconn or total, total),
                                   log_connections=p.log_connections))
     return render(Process(title=f"instance {cfg.host.instance}", cpus=tuple(cpus), maxconn=total), proxies)
@@ -441,7 +435,7 @@ def haproxy_config(cfg: Config, info: HostInfo) -> str:
 def register_steps(cfg: Config) -> list[Step]:
     """The host's register of running instances: what checks.conflicts reads. The folder is shared
     by the instances of the host: whichever leaves it empty removes it."""
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     text = json.dumps(register.register_entry(cfg), indent=1) + "\n"
     return [Step(f"register instance {cfg.host.instance} in {REGISTER}",
                  Call("register", (n.register, text), f"mkdir -p {REGISTER} && cat > {n.register} <<'EOF'\n"
@@ -465,7 +459,7 @@ def _unregister(path: str) -> None:
 
 
 def build(cfg: Config, info: HostInfo) -> list[Step]:
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     steps = [note("the config", text) for text in cfg.notices]
     steps += register_steps(cfg) + host_steps(cfg, info)
     # Before any route names it (the kernel refuses `congctl` of a name it lacks).
@@ -476,8 +470,8 @@ def build(cfg: Config, info: HostInfo) -> list[Step]:
     for g in cfg.graphs:
         steps += graph_steps(cfg, g)
     steps.append(ports_up_step(cfg))
-    ports = [(v, p) for g in cfg.graphs for v, p in ((g.access.vlan, graph_names(cfg, g).c_out),
-                                                      (g.origin.vlan, graph_names(cfg, g).s_out))]
+    ports = [(v, p) for g in cfg.graphs for v, p in ((g.access.vlan, cfg.graph_names(g).c_out),
+                                                      (g.origin.vlan, cfg.graph_names(g).s_out))]
     steps.append(steer_ports_step(n.steer_pins, ports, cfg.host.nic))
     steps.append(Step("attach port_ingress to the host end of every graph", ["tc", "-batch", "-"],
                       input=port_attach_batch(n.steer_pins, [p for _, p in ports])))
@@ -501,8 +495,8 @@ def routing_steps(cfg: Config) -> list[Step]:
     (pepctl/routing.py renders their configs)."""
     if cfg.routing is None:
         return []
-    n = instance_names(cfg)
-    ns = graph_names(cfg, routing_graph(cfg)).netns
+    n = cfg.instance_names()
+    ns = cfg.graph_names(routing_graph(cfg)).netns
     folder = n.frr_dir
     steps = [mkdir_step(folder, 0o750, ours=routing.FRR_FILES, what=f"create FRR's folder {folder}")]
     for daemon, text in routing.configs(cfg.routing, routing.hostname(cfg.host.instance, cfg.routing)).items():

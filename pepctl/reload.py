@@ -24,7 +24,7 @@ from . import bypass, drain, flow_maps, routing, service
 from . import config as configmod
 from .config import Config, ConfigError, FieldError
 from .hostinfo import HostInfo
-from .names import graph_names, in_netns, instance_names
+from .names import in_netns
 from .plan import flow_flags, haproxy_check_argv, haproxy_config
 from .render_nft import render_nft
 from .runner import Journal, StepError, read_pid, run, wait_for, write_file
@@ -66,7 +66,7 @@ def structural_changes(old: Config, new: Config) -> list[FieldError]:
 
 
 def reload(cfg: Config, info: HostInfo, journal: Journal, config_text: str, digest: str, out) -> int:
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     if not (journal.exists and journal.complete):
         print(f"pepctl reload: instance {cfg.host.instance} is not up; run `pepctl up`", file=sys.stderr)
         return 1
@@ -85,17 +85,17 @@ def reload(cfg: Config, info: HostInfo, journal: Journal, config_text: str, dige
     proxied = [g for g in cfg.graphs if g.proxy.enabled]
     if proxied:
         text = haproxy_config(cfg, info)
-        write_file(n.haproxy_cfg + ".new", text, 0o640, info.proxy_gid)
-        check = run(haproxy_check_argv(n, n.haproxy_cfg + ".new"), check=False)
+        write_file(n.haproxy_cfg_new, text, 0o640, info.proxy_gid)
+        check = run(haproxy_check_argv(n, n.haproxy_cfg_new), check=False)
         if check.returncode != 0:
-            os.unlink(n.haproxy_cfg + ".new")
+            os.unlink(n.haproxy_cfg_new)
             print(f"pepctl reload: the new HAProxy config is invalid: {check.stderr.strip()}; nothing was changed",
                   file=sys.stderr)
             return 1
     for g, o in zip(cfg.graphs, old.graphs, strict=True):
         if not g.proxy.enabled:
             continue
-        gn = graph_names(cfg, g)
+        gn = cfg.graph_names(g)
         if g.proxy.interception == "nft":
             write_file(gn.nft_file, render_nft(g, table=gn.nft_table, mark=flow_maps.LOCAL_MARK))
             run(in_netns(gn.netns, ["nft", "-f", gn.nft_file]))
@@ -108,7 +108,7 @@ def reload(cfg: Config, info: HostInfo, journal: Journal, config_text: str, dige
     if cfg.routing is not None and cfg.routing != old.routing:
         print(f"  routing: {reannounce(cfg, old)}", file=out)
     if proxied:
-        os.replace(n.haproxy_cfg + ".new", n.haproxy_cfg)
+        os.replace(n.haproxy_cfg_new, n.haproxy_cfg)
         detail = reload_haproxy(n)
         print(f"  HAProxy reloaded: {detail}", file=out)
     journal.update_meta(config_sha256=digest, config_text=config_text)

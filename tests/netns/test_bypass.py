@@ -44,7 +44,6 @@ from haproxy.supervise import is_our_haproxy
 from netns.handle import PYTHON, LabHandle, wait_until
 from pepctl import config as configmod
 from pepctl import flow_maps
-from pepctl.names import graph_names, instance_names
 
 LAB_MODES = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"]}
 ORIGIN4, ORIGIN6 = "198.19.0.10", "2001:2:0:2::10"
@@ -105,8 +104,8 @@ class Graph:
     def __init__(self, lab: LabHandle):
         cfg = configmod.load(os.path.join(lab.run_dir, "pep.toml"))
         g = cfg.graphs[0]
-        self.names = graph_names(cfg, g)
-        self.instance = instance_names(cfg)
+        self.names = cfg.graph_names(g)
+        self.instance = cfg.instance_names()
         self.pins = self.instance.flow_pins
         self.slot = g.index
         self.config = cfg.path

@@ -35,7 +35,7 @@ from netns import cluster
 from netns.handle import PEPCTL, PYTHON, LabHandle, wait_until
 from pepctl import config as configmod
 from pepctl import flow_maps, nsutil, routing
-from pepctl.names import graph_names, in_netns, instance_names
+from pepctl.names import in_netns
 from pepctl.runner import Journal
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,11 +72,11 @@ class Cluster:
 
     def counters(self, i: int) -> dict[str, int]:
         cfg = self.config(i)
-        return flow_maps.read_counters(instance_names(cfg).flow_pins, cfg.graphs[0].index)
+        return flow_maps.read_counters(cfg.instance_names().flow_pins, cfg.graphs[0].index)
 
     def graph_netns(self, i: int) -> str:
         cfg = self.config(i)
-        return graph_names(cfg, cfg.graphs[0]).netns
+        return cfg.graph_names(cfg.graphs[0]).netns
 
     def pepctl(self, i: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         conf = os.path.join(self.lab.run_dir, f"pep{i}.toml")

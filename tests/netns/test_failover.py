@@ -41,7 +41,6 @@ from haproxy.supervise import is_our_haproxy, read_state
 from netns.handle import PYTHON, LabHandle, wait_until
 from pepctl import config as configmod
 from pepctl import flow_maps, nsutil
-from pepctl.names import graph_names, instance_names
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOADGEN = os.path.join(HERE, "loadgen.py")
@@ -69,8 +68,8 @@ class Graph:
     def __init__(self, lab: LabHandle):
         cfg = configmod.load(os.path.join(lab.run_dir, "pep.toml"))
         g = cfg.graphs[0]
-        self.instance = instance_names(cfg)
-        self.netns = graph_names(cfg, g).netns
+        self.instance = cfg.instance_names()
+        self.netns = cfg.graph_names(g).netns
         self.pins = self.instance.flow_pins
         self.slot = g.index
         self.listen_port = g.proxy.listen_port

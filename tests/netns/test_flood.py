@@ -35,7 +35,6 @@ import pytest
 from netns.handle import PYTHON
 from pepctl import config as configmod
 from pepctl import flow_maps
-from pepctl.names import instance_names
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SYNFLOOD = os.path.join(HERE, "synflood.py")
@@ -82,7 +81,7 @@ for line in sys.stdin:
 def pins(lab) -> str:
     cfg = configmod.load(os.path.join(lab.run_dir, "pep.toml"))
     assert cfg.graphs[0].index == 0
-    return instance_names(cfg).flow_pins
+    return cfg.instance_names().flow_pins
 
 
 @pytest.fixture

@@ -31,7 +31,6 @@ import pytest
 from netns.handle import BASE, SECOND_GRAPH, wait_until
 from pepctl import config as configmod
 from pepctl.lock import InstanceLock
-from pepctl.names import instance_names
 
 # CAP_NET_BIND_SERVICE (10), CAP_NET_ADMIN (12), CAP_SYS_ADMIN (21): haproxy/README.md says why each.
 DOCUMENTED_CAPS = (1 << 10) | (1 << 12) | (1 << 21)
@@ -74,7 +73,7 @@ def hold_lock(host, conf, seconds: float) -> threading.Thread:
     got = threading.Event()
 
     def body():
-        with InstanceLock(instance_names(cfg).lock, cfg.host.instance, "reload (held by the test)"):
+        with InstanceLock(cfg.instance_names().lock, cfg.host.instance, "reload (held by the test)"):
             got.set()
             time.sleep(seconds)
     t = threading.Thread(target=body)

@@ -38,7 +38,6 @@ import pytest
 from netns.handle import PYTHON, wait_until
 from pepctl import config as configmod
 from pepctl import flow_maps
-from pepctl.names import instance_names
 
 LAB_MODES = {"bpf": [], "nft": ["--interception", "nft"]}
 ORIGIN = {4: "198.19.0.10", 6: "2001:2:0:2::10"}
@@ -107,7 +106,7 @@ def pins(lab) -> str:
     g = cfg.graphs[0]
     assert g.index == 0 and g.proxy.listen_port == LISTEN_PORT, \
         f"lab config: expected graph slot 0 listening on {LISTEN_PORT}, got {g.index}, {g.proxy.listen_port}"
-    return instance_names(cfg).flow_pins
+    return cfg.instance_names().flow_pins
 
 
 def counters(pins: str) -> dict[str, int]:
@@ -137,8 +136,9 @@ def test_graph_namespace_has_no_nft_ruleset_in_mode_bpf(lab):
     if lab.interception == "bpf":
         assert items == [], f"pep namespace ({lab.netns('pep')}) in mode bpf: expected no nft ruleset, got {items}"
     else:
-        assert tables == [f"pep_pl{lab.rid}"], \
-            f"pep namespace in mode nft: expected the instance's table pep_pl{lab.rid}, got tables {tables}"
+        cfg = lab.config()
+        want = cfg.graph_names(cfg.graphs[0]).nft_table
+        assert tables == [want], f"pep namespace in mode nft: expected the instance's table {want}, got tables {tables}"
 
 
 # -- every port, IPv4 and IPv6 ----------------------------------------------------------------------

@@ -24,7 +24,6 @@ from netns.handle import metric_value, wait_until
 from pepctl import config as configmod
 from pepctl import experiment
 from pepctl.metrics import CATALOGUE
-from pepctl.names import instance_names
 
 FRACTION = 0.5
 LAB_OPTIONS = ["--control-fraction", str(FRACTION)]
@@ -84,7 +83,7 @@ def test_each_group_gets_its_verdict_and_the_endpoint_sees_it(lab):
 
 def test_experiment_records_each_flow_with_its_group_and_size(lab):
     cfg = configmod.load(os.path.join(lab.run_dir, "pep.toml"))
-    log = instance_names(cfg).experiment_log
+    log = cfg.instance_names().experiment_log
     for source in (CONTROL, TREATED):
         download(lab, source, "1m")
 

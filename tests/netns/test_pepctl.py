@@ -22,6 +22,7 @@ import subprocess
 import pytest
 
 from netns.handle import BASE, PYTHON, SECOND_GRAPH
+from pepctl import names
 
 
 @pytest.fixture(autouse=True)
@@ -29,12 +30,12 @@ def no_stray_lock(host):
     """A refused `up` must leave nothing; when it leaves its instance's lock file and run folder anyway
     (the test has failed and said so), remove them so that later runs start clean."""
     yield
-    run_dir = f"/run/{host.inst}"
-    if not os.path.exists(os.path.join(run_dir, f"{host.inst}.journal")):
+    n = names.instance_names(host.inst, f"/run/{host.inst}")    # the run_dir of BASE
+    if not os.path.exists(n.journal):
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(run_dir, f"{host.inst}.lock"))
+            os.unlink(n.lock)
         with contextlib.suppress(FileNotFoundError, OSError):
-            os.rmdir(run_dir)
+            os.rmdir(n.run_dir)
 
 
 def status(host, conf) -> dict:

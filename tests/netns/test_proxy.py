@@ -190,8 +190,9 @@ def test_interception_is_the_modes_own(lab):
     else:
         tables = [i["table"]["name"] for i in json.loads(lab.run("pep", "nft", "-j", "list", "tables").stdout)
                   ["nftables"] if "table" in i]
-        assert tables == [f"pep_pl{lab.rid}"], f"pep namespace in nft mode: tables: expected [pep_pl{lab.rid}], " \
-                                               f"got {tables}"
+        cfg = lab.config()
+        want = cfg.graph_names(cfg.graphs[0]).nft_table
+        assert tables == [want], f"pep namespace in nft mode: tables: expected [{want}], got {tables}"
         n1 = nft_counters(lab)
         assert n1["intercepted_v4"] > n0["intercepted_v4"] and n1["proxied"] > n0["proxied"], \
             f"pep nft counters: a proxied request did not move them: {grew(n0, n1)}"

@@ -20,7 +20,6 @@ import os
 import pytest
 
 from pepctl import bpfsys, config, flow_maps
-from pepctl.names import graph_names, instance_names
 
 LAB_OPTIONS: list[str] = []
 
@@ -33,7 +32,7 @@ def count_entries(path: str) -> int:
 @pytest.mark.slow
 def test_too_many_rules_are_refused_before_the_first_write(lab, tmp_path):
     cfg = config.load(os.path.join(lab.run_dir, "pep.toml"))
-    n, g = instance_names(cfg), graph_names(cfg, cfg.graphs[0])
+    n, g = cfg.instance_names(), cfg.graph_names(cfg.graphs[0])
     lab.pepctl("bypass", "add", "client", "2001:2:0:1::/64")
     map6 = flow_maps.map_path(n.flow_pins, "bypass_client6")
     before = count_entries(map6)

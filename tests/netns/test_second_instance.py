@@ -55,15 +55,13 @@ def second(lab, tmp_path, text: str) -> subprocess.CompletedProcess:
 
 def fingerprint(lab) -> dict:
     """What of the running instance a refused second `up` must not touch."""
-    inst = f"pl{lab.rid}"
-    pins = f"/sys/fs/bpf/{inst}/{inst}"
-    journal = os.path.join(lab.run_dir, "pep", f"{inst}.journal")
+    n = lab.config().instance_names()
     st = json.loads(lab.pepctl("status", "--json").stdout)
-    with open(journal, "rb") as f:
+    with open(n.journal, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
-    return {"pins": sorted(os.listdir(pins)), "state": st["state"], "journal": digest,
+    return {"pins": sorted(os.listdir(n.pins)), "state": st["state"], "journal": digest,
             "processes": {k: st["proxy"][k]["pid"] for k in ("keeper", "supervisor", "haproxy")},
-            "netns": sorted(n for n in os.listdir("/run/netns") if n.startswith(inst)),
+            "netns": sorted(ns for ns in os.listdir("/run/netns") if ns.startswith(n.instance)),
             "mode": [g["proxy"]["mode"] for g in st["graphs"]]}
 
 

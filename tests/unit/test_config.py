@@ -620,7 +620,7 @@ def test_run_dir_at_its_longest_is_taken_and_the_names_fit():
     longest = "/run/" + "x-" * ((run_dir_max("pep1") - 5) // 2)
     longest += "y" * (run_dir_max("pep1") - len(longest))
     cfg = parse(edit(('nic = "eth1"', f'nic = "eth1"\nrun_dir = "{longest}"')), PATH)
-    n = names.instance_names(cfg)
+    n = cfg.instance_names()
     assert n.haproxy_sock_longest == stats_socket(cfg.host.run_dir, "pep1")
     assert len(n.haproxy_sock_longest) == STATS_SOCKET_MAX, n.haproxy_sock_longest
     assert len(names.unit_name(n)) == supervisor_unit_len(cfg.host.run_dir, "pep1"), names.unit_name(n)

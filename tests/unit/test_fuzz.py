@@ -34,7 +34,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pepctl import bypass, config, names
+from pepctl import bypass, config
 from pepctl.config import ConfigError, parse
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -94,7 +94,7 @@ def is_sane(cfg: config.Config, doc: dict) -> None:
                 assert n.version == 4 or not (n.network_address.scope_id or n.network_address.ipv4_mapped), n
         assert g.proxy.maxconn <= 2**31 // 3, f"accepted maxconn {g.proxy.maxconn}"
     assert cfg.host.maxconn <= 2**31 // 3, f"accepted maxconn {cfg.host.maxconn}"
-    sock = names.instance_names(cfg).haproxy_sock_longest
+    sock = cfg.instance_names().haproxy_sock_longest
     assert len(sock) + len(".4194304.tmp") <= 107, f"accepted a run_dir too long for {sock}"
 
 
