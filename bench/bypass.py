@@ -36,6 +36,7 @@ from contextlib import ExitStack
 from netns.handle import PYTHON, REPO, LabHandle
 from pepctl import bypass, flow_maps
 from pepctl import config as configmod
+from pepctl.config.rules import parse_rule
 from pepctl.plan import FLOW_OBJ, loadall_argv
 
 from .common import git_rev, median, paired_ratio, write_report
@@ -159,7 +160,7 @@ def kernel_times(lab: Lab) -> dict:
         for v, rules in VARIANTS.items():
             os.makedirs(pins[v])
             subprocess.run(loadall_argv(FLOW_OBJ, pins[v]), check=True, capture_output=True)
-            flow_maps.add_rules(pins[v], 0, **bypass.map_args([bypass.parse_rule(*r.split()) for r in rules]))
+            flow_maps.add_rules(pins[v], 0, **bypass.map_args([parse_rule(*r.split()) for r in rules]))
         proc = subprocess.run(["nsenter", f"--net=/run/netns/{ns}", PYTHON, "-m", "bench.bypass_ktime",
                                *pins.values()], cwd=REPO, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:

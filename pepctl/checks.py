@@ -1,7 +1,7 @@
 """What `plan` and `up` check before they touch the host, each problem named by file, field and
 value, with what to do.
 
-The config's own checks (types, ranges, address kinds, overlaps) are in pepctl/config.py; these
+The config's own checks (types, ranges, address kinds, overlaps) are in pepctl/config/; these
 need the host: the NIC, the kernel's congestion controls (and for pepctl's own, pep_radio, that it
 is built and can be registered: pepctl/congestion.py), the proxy's user, and that every name the
 plan would make is free. An undo of `up` removes what its journal names (pepctl/runner.py):

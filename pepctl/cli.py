@@ -19,6 +19,7 @@ from haproxy import supervise
 
 from . import bypass, checks, drain, exporter, hostinfo, plan, report, service, status
 from . import config as configmod
+from .config.rules import RuleError, parse_rule, parse_rules_file
 from .lock import InstanceLock, LockBusy
 from .reload import reload
 from .runner import Journal, StepError, apply, undo_all
@@ -191,8 +192,8 @@ def cmd_bypass(args, out) -> int:
     if args.action == "list":
         return _bypass_list(cfg, g, args, out)
     try:
-        rules = _rules_of(args) if args.action != "sync" else []
-    except bypass.RuleError as e:
+        rules = rules_of(args) if args.action != "sync" else []
+    except RuleError as e:
         print(f"pepctl bypass {args.action}: {e}", file=sys.stderr)
         return 2
     with locked(cfg, f"bypass {args.action}", args):
@@ -231,7 +232,7 @@ def _bypass_change(cfg, installed, g, args, rules, out) -> int:
         started = time.monotonic()
         try:
             done = bypass.add(cfg, installed, g, rules)
-        except bypass.RuleError as e:
+        except RuleError as e:
             print(f"pepctl bypass add: {e}", file=sys.stderr)
             return 1
         took = time.monotonic() - started
@@ -258,20 +259,20 @@ def _bypass_change(cfg, installed, g, args, rules, out) -> int:
     return 0
 
 
-def _rules_of(args) -> list:
+def rules_of(args) -> list:
     """The rules an add/del names: KIND VALUE on the command line, or --from-file FILE."""
     if args.from_file:
         if args.kind:
-            raise bypass.RuleError("give either a rule (KIND VALUE) or --from-file FILE, not both")
+            raise RuleError("give either a rule (KIND VALUE) or --from-file FILE, not both")
         try:
-            return bypass.parse_rules_file(args.from_file)
+            return parse_rules_file(args.from_file)
         except OSError as e:
-            raise bypass.RuleError(f"{args.from_file}: {e.strerror}; give a file of rules, "
+            raise RuleError(f"{args.from_file}: {e.strerror}; give a file of rules, "
                                    "one `KIND VALUE` a line") from None
     if not args.kind or not args.value:
-        raise bypass.RuleError("give a rule: client NETWORK | server NETWORK | port PORT[-PORT], "
+        raise RuleError("give a rule: client NETWORK | server NETWORK | port PORT[-PORT], "
                                "or --from-file FILE")
-    return [bypass.parse_rule(args.kind, args.value)]
+    return [parse_rule(args.kind, args.value)]
 
 
 def installed_config(journal: Journal, cfg):
@@ -303,7 +304,7 @@ def cmd_drain(args, out) -> int:
             if args.undo:
                 return drain.undo(cfg, out)
             return drain.drain(cfg, installed_config(journal, cfg), args.timeout, out)
-        except (StepError, bypass.RuleError) as e:
+        except (StepError, RuleError) as e:
             print(f"pepctl drain: {e}", file=sys.stderr)
             return 1
 

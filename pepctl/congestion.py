@@ -50,7 +50,7 @@ BTF = "/sys/kernel/btf/vmlinux"     # BPF struct_ops resolves tcp_congestion_ops
 # What registers each of pepctl's own: (object, loader), run as `LOADER OBJECT PINS`.
 BUILT = {radio_maps.NAME: (os.path.join(REPO, "congestion", "radio.bpf.o"),
                            os.path.join(REPO, "congestion", "radio-load"))}
-assert set(BUILT) == set(OWN_CONGESTION), "every congestion control config.py takes as pepctl's own is built here"
+assert set(BUILT) == set(OWN_CONGESTION), "every congestion control the config takes as pepctl's own is built here"
 OPS_KEY = bytes(4)                  # a struct_ops map's one key
 # A struct_ops map's value starts with struct bpf_struct_ops_common_value {refcount_t refcnt;
 # enum bpf_struct_ops_state state;}; BPF_STRUCT_OPS_STATE_INUSE: registered.

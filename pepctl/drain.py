@@ -28,6 +28,7 @@ import time
 
 from . import bypass, nsutil, routing
 from .config import Config
+from .config.rules import Rule, parse_rule
 from .names import C_IN, RULE_PREF, S_IN
 from .runner import StepError, pid_alive, read_pid, remove_file, run, write_file
 
@@ -58,9 +59,9 @@ def handover_lines(r: routing.Routing, verb: str) -> list[str]:
     return lines
 
 
-def handover_rules(r: routing.Routing) -> set[bypass.Rule]:
+def handover_rules(r: routing.Routing) -> set[Rule]:
     """The bypass rules that keep the shares' new flows from this proxy."""
-    return {bypass.parse_rule("client", str(routing.share_prefixes(r)[k]))
+    return {parse_rule("client", str(routing.share_prefixes(r)[k]))
             for k in routing.roles(r) if routing.other_host(r, k) is not None}
 
 
