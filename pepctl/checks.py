@@ -25,6 +25,20 @@ from .runner import run
 
 
 def problems(cfg: Config, info: HostInfo) -> list[FieldError]:
+    """Everything `plan` checks: the host's problems, then, when there are none, the names the plan
+    would make that are taken."""
+    return host_problems(cfg, info) or taken(cfg)
+
+
+def taken(cfg: Config) -> list[FieldError]:
+    """Names the plan would make that exist already, or that a running instance holds."""
+    return names_taken(cfg) + conflicts(cfg) + nic_taken(cfg)
+
+
+def host_problems(cfg: Config, info: HostInfo) -> list[FieldError]:
+    """What this host lacks for the config, whatever runs on it: the NIC, congestion controls, the
+    proxy's user, systemd's units, FRR, the folders, descriptors. `up` checks these before it takes
+    the instance's lock (which makes a file in run_dir) or makes anything."""
     out: list[FieldError] = []
 
     def bad(field: str, value, message: str) -> None:
@@ -76,10 +90,6 @@ def problems(cfg: Config, info: HostInfo) -> list[FieldError]:
                 bad(f"graph[{g.index}].proxy.maxconn", g.proxy.maxconn, f"more than HAProxy's own maxconn, {total} "
                     "(host.maxconn, or what the open-file limit allows): a graph cannot hold more than the process; "
                     "lower it, or 0 for the host's")
-    if not out:
-        out += names_taken(cfg)
-        out += conflicts(cfg)
-        out += nic_taken(cfg)
     return out
 
 
@@ -196,6 +206,10 @@ def names_taken(cfg: Config) -> list[FieldError]:
 
 
 def check(cfg: Config, info: HostInfo) -> None:
-    found = problems(cfg, info)
+    refuse(problems(cfg, info))
+
+
+def refuse(found: list[FieldError]) -> None:
+    """The problems found, as the ConfigError the CLI prints (exit 2); none: nothing."""
     if found:
         raise ConfigError(found)

@@ -70,6 +70,9 @@ def cmd_up(args, out) -> int:
     cfg, info = load(args)
     n = cfg.instance_names()
     text, digest = read_config(args.config)
+    # Before the lock: it is a file in run_dir, and a run_dir that cannot be (under a file, on /proc)
+    # is the config's fault, said as plan says it.
+    checks.refuse(checks.host_problems(cfg, info))
     with locked(cfg, "up", args) as lock:
         journal = Journal(n.journal)
         if journal.exists and journal.complete:
@@ -92,7 +95,7 @@ def cmd_up(args, out) -> int:
                 return 1
             journal.remove()
         try:
-            checks.check(cfg, info)
+            checks.refuse(checks.taken(cfg))
             steps = plan.build(cfg, info)
         except configmod.ConfigError:
             _forget(cfg, journal, lock)   # refused before anything was made: not even the lock stays
