@@ -44,13 +44,14 @@ from .lab import (
     DEFAULT_CONGESTION,
     END_HOST_SYSCTLS,
     ORIGIN,
-    REPO,
+    PEPCTL,
     STATE_DIR,
     Lab,
     node_netns,
     pepctl_up_step,
     quiet_port_steps,
     switch_steps,
+    sysctl_step,
 )
 
 HOSTS_MAX = 4
@@ -87,7 +88,7 @@ def pep_config(prefix: str, run_dir: str, i: int, hosts: int, opts: argparse.Nam
     ra, c_in = router_address("access"), host_address("access", i)
     ro, s_in = router_address("origin"), host_address("origin", i)
     members = ",\n".join(f'    {{ name = "{host_name(h)}", access = "{host_address("access", h)}", '
-                          f'origin = "{host_address("origin", h)}" }}' for h in range(1, hosts + 1))
+                         f'origin = "{host_address("origin", h)}" }}' for h in range(1, hosts + 1))
     return f"""# Proxy host {i} of the lab's cluster. Written by pep-lab up --hosts {hosts}.
 [host]
 instance = "{prefix}{i}"
@@ -256,10 +257,9 @@ class ClusterLab(Lab):
             r = n[router]
             steps += [Step(f"bring up {r}/lo", ["ip", "-n", r, "link", "set", "lo", "up"]),
                       Step(f"address {lan[2]}/24 on {r}/eth0", ["ip", "-n", r, "addr", "add", f"{lan[2]}/24",
-                                                               "dev", "eth0"]),
+                                                                "dev", "eth0"]),
                       Step(f"bring up {r}/eth0", ["ip", "-n", r, "link", "set", "eth0", "up"]),
-                      Step(f"forwarding in {r}", ["ip", "netns", "exec", r, "sysctl", "-q", "-w",
-                                                  "net.ipv4.ip_forward=1"]),
+                      sysctl_step(r, "net.ipv4.ip_forward=1", f"forwarding in {r}"),
                       Step(f"bridge {r}/hosts", ["ip", "-n", r, "link", "add", "hosts", "type", "bridge"]),
                       Step(f"address {router_address(side)} on {r}/hosts",
                            ["ip", "-n", r, "addr", "add", f"{router_address(side)}/{SEGMENT[side].prefixlen}",
@@ -281,7 +281,7 @@ class ClusterLab(Lab):
         for router, port in (("ra", "p-client"), ("ro", "p-origin")):
             r = self.netns(router)
             steps += [Step(f"cable {r}/h{i} <-> {sw}/{port}", ["ip", "-n", r, "link", "add", f"h{i}", "type", "veth",
-                                                              "peer", "name", port, "netns", sw],
+                                                               "peer", "name", port, "netns", sw],
                            undo=["ip", "-n", r, "link", "del", f"h{i}"]),
                       Step(f"{r}/h{i} into the bridge", ["ip", "-n", r, "link", "set", f"h{i}", "master", "hosts"]),
                       Step(f"bring up {r}/h{i}", ["ip", "-n", r, "link", "set", f"h{i}", "up"])]
@@ -324,7 +324,7 @@ class ClusterLab(Lab):
         self.journal.update_meta(hosts=i)
         for h in range(1, i):
             runner.write_file(self.host_config(h), pep_config(self.prefix, self.run_dir, h, i, opts))
-            pepctl = [os.path.join(REPO, "scripts", "pepctl"), "-c", self.host_config(h), "reload"]
+            pepctl = [PEPCTL, "-c", self.host_config(h), "reload"]
             out = subprocess.run(in_netns(self.netns(f"ph{h}"), pepctl), capture_output=True, text=True)
             for line in (out.stdout + out.stderr).strip().splitlines():
                 print(f"  host {h}: {line}")
@@ -361,11 +361,10 @@ class ClusterLab(Lab):
                       Step(f"bring up {ns}/eth0", ["ip", "-n", ns, "link", "set", "eth0", "up"]),
                       Step(f"default route of {ns}", ["ip", "-n", ns, "route", "add", "default", "via", gw4,
                                                       "congctl", "cubic"])]
-            steps += [Step(f"{key} in {ns}", ["ip", "netns", "exec", ns, "sysctl", "-q", "-w", f"{key}={value}"])
-                      for key, value in END_HOST_SYSCTLS]
+            steps += [sysctl_step(ns, f"{key}={value}") for key, value in END_HOST_SYSCTLS]
         # One client address in every share: a test picks a share by its source address.
         steps += [Step(f"client address {client_address(k)}", ["ip", "-n", n["client"], "addr", "add",
-                                                                 f"{client_address(k)}/24", "dev", "eth0"])
+                                                               f"{client_address(k)}/24", "dev", "eth0"])
                   for k in range(1, SHARES)]
         return steps
 
@@ -386,7 +385,7 @@ class ClusterLab(Lab):
                 if daemon in confs:
                     vty = routing.frr_file(folder, daemon, "vty")
                     steps.append(daemon_step(f"start FRR {daemon} in {n[router]}",
-                                             ["ip", "netns", "exec", n[router], *routing.daemon_argv(daemon, folder)],
+                                             in_netns(n[router], [*routing.daemon_argv(daemon, folder)]),
                                              routing.frr_file(folder, daemon, "pid"),
                                              routing.frr_file(folder, daemon, "out"),
                                              lambda vty=vty: os.path.exists(vty)))

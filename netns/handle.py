@@ -12,6 +12,7 @@ import time
 
 from netns.lab import node_netns
 from pepctl import config as configmod
+from pepctl.names import in_netns
 from pepctl.runner import Journal
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,7 +60,9 @@ class LabHandle:
         return configmod.load(os.path.join(self.run_dir, "pep.toml"))
 
     def argv(self, node: str, *cmd: str) -> list[str]:
-        return ["ip", "netns", "exec", self.netns(node), *cmd]
+        """cmd in the node's network namespace only (nsenter --net, as pep-lab exec): it sees the host's
+        /sys and mounts, so BPF pins under /sys/fs/bpf stay in view."""
+        return in_netns(self.netns(node), list(cmd))
 
     def run(self, node: str, *cmd: str, check: bool = True, timeout: float = 30, text: bool = True, **kw):
         proc = subprocess.run(self.argv(node, *cmd), capture_output=True, text=text, timeout=timeout, **kw)
@@ -124,8 +127,7 @@ class LabHandle:
         return proc.stdout
 
     def pepctl(self, *args: str, check: bool = True, timeout: float = 120):
-        cmd = ["nsenter", f"--net=/run/netns/{self.netns('proxyhost')}", PEPCTL, "-c",
-               os.path.join(self.run_dir, "pep.toml"), *args]
+        cmd = self.argv("proxyhost", PEPCTL, "-c", os.path.join(self.run_dir, "pep.toml"), *args)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"pepctl {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
