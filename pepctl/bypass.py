@@ -144,5 +144,43 @@ def install_step(cfg: Config, g: Graph) -> Step:
                      f" (and the live ones of {live_path(cfg, g)}, if any)"))
 
 
+@action("bypass_change")
+def _change(pin_dir: str, slot: int, added: list, removed: list, kept_ports: list) -> None:
+    """A graph's entries in the maps, for rules added and removed (of its config and live rules):
+    the added ones' first, then those of the removed ones that no rule left needs. Networks are an
+    entry each; port ranges share the entries of the ports they both name, so the port rules kept
+    come along. Its own undo is the same with added and removed swapped."""
+    adding, removing = map_args([Rule(*r) for r in added]), map_args([Rule(*r) for r in removed])
+    if any(adding.values()):
+        flow_maps.add_rules(pin_dir, slot, **adding)
+    staying = adding["ports"] + map_args([Rule(*r) for r in kept_ports])["ports"]
+    removing["ports"] = _ports_left(removing["ports"], staying)
+    if any(removing.values()):
+        flow_maps.del_rules(pin_dir, slot, **removing)
+
+
+def _ports_left(gone: list[tuple[int, int]], staying: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ports of ranges gone that no range staying names, as ranges."""
+    ports = {p for lo, hi in gone for p in range(lo, hi + 1)} - {p for lo, hi in staying for p in range(lo, hi + 1)}
+    return [(p, p) for p in sorted(ports)]
+
+
+def change_step(cfg: Config, g: Graph, before: set[Rule], after: set[Rule]) -> Step:
+    """A reload's change of a graph's bypass rules (config rules and live ones together). The journal
+    holds what changes, not every rule: live rules may be 100,000s."""
+    def listed(rules: set[Rule]) -> str:
+        shown = ", ".join(f"{r.kind} {r.value}" for r in sorted(rules)[:8])
+        return (shown + (" ..." if len(rules) > 8 else "")) or "none"
+    added, removed = after - before, before - after
+    kept = [list(r) for r in sorted(before & after) if r.kind == "port"]
+    add_, remove_ = [list(r) for r in sorted(added)], [list(r) for r in sorted(removed)]
+    return Step(f"bypass rules of graph {g.name}: {len(added)} added, {len(removed)} removed",
+                Call("bypass_change", (pins(cfg), g.index, add_, remove_, kept),
+                     f"# bpf(2) {pins(cfg)}/maps: bypass rules of slot {g.index}: add {listed(added)}; "
+                     f"remove {listed(removed)}"),
+                undo=Call("bypass_change", (pins(cfg), g.index, remove_, add_, kept),
+                          f"bypass rules of slot {g.index} back as before the reload"))
+
+
 def counters(cfg: Config, g: Graph) -> dict[str, int]:
     return flow_maps.read_counters(pins(cfg), g.index)

@@ -19,9 +19,9 @@ from haproxy import supervise
 
 from . import bypass, checks, drain, exporter, hostinfo, plan, report, service, status
 from . import config as configmod
+from . import reload as reload_mod
 from .config.rules import RuleError, parse_rule, parse_rules_file
 from .lock import InstanceLock, LockBusy
-from .reload import reload
 from .runner import Journal, StepError, apply, undo_all
 
 DEFAULT_CONFIG = "/etc/pep/pep.toml"
@@ -47,10 +47,22 @@ def locked(cfg, command: str, args) -> InstanceLock:
 
 def cmd_plan(args, out) -> int:
     cfg, info = load(args)
-    checks.check(cfg, info)
-    print(f"# pepctl plan for instance {cfg.host.instance} ({args.config})", file=out)
-    print(f"# {info.cpus_note}", file=out)
-    for step in plan.build(cfg, info):
+    if args.reload:
+        checks.refuse(checks.host_problems(cfg, info))
+        journal = Journal(cfg.instance_names().journal)
+        if not journal.complete:
+            print(f"pepctl plan --reload: instance {cfg.host.instance} is not up; `pepctl plan` shows what `up` "
+                  "would do", file=sys.stderr)
+            return 1
+        steps = reload_mod.steps(cfg, reload_mod.running_config(cfg, journal), info)
+        print(f"# pepctl plan --reload for instance {cfg.host.instance} ({args.config}): "
+              f"{len(steps)} step(s), each undone if a later one fails", file=out)
+    else:
+        checks.check(cfg, info)
+        steps = plan.build(cfg, info)
+        print(f"# pepctl plan for instance {cfg.host.instance} ({args.config})", file=out)
+        print(f"# {info.cpus_note}", file=out)
+    for step in steps:
         print(f"# {step.what}" + ("  (skipped if already so)" if step.done else ""), file=out)
         print(step.render(), file=out)
     return 0
@@ -59,6 +71,7 @@ def cmd_plan(args, out) -> int:
 def _forget(cfg, journal: Journal, lock: InstanceLock) -> None:
     """The instance is gone: remove its journal, its lock file, and the run folder if now empty."""
     journal.remove()
+    Journal(cfg.instance_names().reload_journal).remove()
     lock.remove()
     try:
         os.rmdir(cfg.host.run_dir)
@@ -76,6 +89,10 @@ def cmd_up(args, out) -> int:
     with locked(cfg, "up", args) as lock:
         journal = Journal(n.journal)
         if journal.exists and journal.complete:
+            errors = reload_mod.recover(cfg, journal, out)
+            if errors:
+                print("pepctl up: could not roll back an unfinished reload:\n  " + "\n  ".join(errors), file=sys.stderr)
+                return 1
             if journal.meta.get("config_sha256") != digest:
                 print(f"pepctl up: instance {cfg.host.instance} is up with another config; run `pepctl reload` "
                       "to apply changes, or `pepctl down` first", file=sys.stderr)
@@ -135,6 +152,10 @@ def cmd_down(args, out) -> int:
         if not journal.exists:   # taken down while we waited for the lock
             print(f"instance {cfg.host.instance} is not up; nothing to do", file=out)
             return 0
+        # A reload cut short first: its undos put back what the instance's journal knows. What of
+        # them fails is moot once the instance is gone.
+        for e in reload_mod.recover(cfg, journal, out):
+            print(f"pepctl down: notice: rolling back an unfinished reload: {e}", file=sys.stderr)
         errors = undo_all(journal, log=lambda m: print(m, file=out))
         if errors:
             for e in errors:
@@ -161,9 +182,10 @@ def cmd_status(args, out) -> int:
 def cmd_reload(args, out) -> int:
     cfg, info = load(args)
     text, digest = read_config(args.config)
+    checks.refuse(checks.host_problems(cfg, info))
     with locked(cfg, "reload", args):
         try:
-            return reload(cfg, info, Journal(cfg.instance_names().journal), text, digest, out)
+            return reload_mod.reload(cfg, info, Journal(cfg.instance_names().journal), text, digest, out)
         except StepError as e:
             print(f"pepctl reload: {e}", file=sys.stderr)
             return 1
@@ -334,7 +356,7 @@ COMMANDS = {
     "up": (cmd_up, "bring the instance up (no-op if already up with this config)"),
     "down": (cmd_down, "remove everything `up` made, and nothing else"),
     "status": (cmd_status, "report state, what new flows get, HAProxy sessions and datapath counters"),
-    "reload": (cmd_reload, "apply a changed proxy config without dropping connections"),
+    "reload": (cmd_reload, "apply a changed proxy config without dropping connections (plan --reload: how)"),
     "bypass": (cmd_bypass, "per-flow bypass rules: add|del|list|sync (new flows only)"),
     "report": (cmd_report, "the PEP's gain on live traffic: the experiment's treated vs control flows"),
     "drain": (cmd_drain, "[routing] hand this host's shares to their other hosts, losing no connection"),
@@ -358,6 +380,9 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
             p.add_argument("--no-wait", action="store_true", help="do not wait for the lock: say who holds it")
         if name == "status":
             p.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "plan":
+            p.add_argument("--reload", action="store_true",
+                           help="what `reload` would change in the running instance, step by step")
         if name == "bypass":
             p.add_argument("action", choices=("add", "del", "list", "sync"))
             p.add_argument("kind", nargs="?", help="client | server | port")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import time
 
@@ -30,7 +31,7 @@ from . import bypass, nsutil, routing
 from .config import Config
 from .config.rules import Rule, parse_rule
 from .names import C_IN, RULE_PREF, S_IN
-from .runner import StepError, pid_alive, read_pid, remove_file, run, write_file
+from .runner import Call, StepError, action, pid_alive, read_pid, remove_file, run, write_file
 
 DRAIN_PREF = RULE_PREF + 100       # after the interception's rules: a socket's packets stay here
 DRAIN_TABLE_BASE = 200             # share k's hand-over routes: table 200+k
@@ -73,19 +74,32 @@ def held_connections(ns: str) -> int:
     return nsutil.in_netns(ns, count)
 
 
-def announce(cfg: Config, drained: bool) -> None:
-    """Replace bgpd's prefix lists (empty when drained) and tell the routers now, not at FRR's
-    next route-map timer."""
+def announce_call(cfg: Config, drained: bool) -> Call:
+    """What announces this host's shares (none when drained), as an action a journal can name: FRR's
+    config files, and bgpd's prefix lists replaced live, the routers told now, not at FRR's next
+    route-map timer."""
     r = cfg.routing
     folder = cfg.instance_names().frr_dir
-    # The files say what runs: a restarted daemon announces the same.
-    for daemon, text in routing.configs(r, routing.hostname(cfg.host.instance, r), drained).items():
-        write_file(routing.frr_file(folder, daemon, "conf"), text)
+    confs = routing.configs(r, routing.hostname(cfg.host.instance, r), drained)
     commands = ["configure terminal"]
     for name, lines in routing.prefix_lists(r, drained).items():
         commands += [f"no ip prefix-list {name}", *lines]
     commands += ["end", "clear bgp ipv4 unicast * soft out"]
+    shown = "\n".join([*(f"cat > {routing.frr_file(folder, d, 'conf')} <<'EOF'\n{t.rstrip()}\nEOF"
+                          for d, t in confs.items()), shlex.join(routing.vtysh_argv(folder, *commands))])
+    return Call("frr_announce", (folder, confs, commands), shown)
+
+
+@action("frr_announce")
+def _frr_announce(folder: str, confs: dict, commands: list) -> None:
+    # The files say what runs: a restarted daemon announces the same.
+    for daemon, text in confs.items():
+        write_file(routing.frr_file(folder, daemon, "conf"), text)
     run(routing.vtysh_argv(folder, *commands))
+
+
+def announce(cfg: Config, drained: bool) -> None:
+    _frr_announce(*announce_call(cfg, drained).args)
 
 
 def state_path(cfg: Config) -> str:

@@ -8,6 +8,7 @@ use them too (pepctl/config/), so this module knows nothing of the config. The s
 own files are named where it runs (haproxy/supervise.py) and taken from there.
 
     run_dir/INSTANCE.journal        what `up` made, newest last (pepctl/runner.py Journal)
+    run_dir/INSTANCE.reload.journal what a `reload` changed, while it runs: how to put it back
     run_dir/INSTANCE.lock           held by up, down, reload and bypass (pepctl/lock.py)
     run_dir/INSTANCE/               the instance's folder (root, group of the proxy's user)
         haproxy.cfg                 HAProxy's config, every graph in it (haproxy.cfg.new: a reload's, checked)
@@ -73,6 +74,7 @@ class InstanceNames:
     dir: str              # the instance's folder
     proxy_dir: str        # the proxy user's folder inside it
     journal: str
+    reload_journal: str   # the undo of a reload that runs (or was cut short): pepctl/reload.py
     lock: str
     pins: str | None      # bpf_dir/INSTANCE (None: names from the folder alone, folder_names)
     steer_pins: str | None
@@ -121,6 +123,7 @@ def instance_names(instance: str, run_dir: str, bpf_dir: str | None = None) -> I
     return InstanceNames(
         instance=instance, run_dir=run_dir, dir=d, proxy_dir=proxy,
         journal=os.path.join(run_dir, f"{instance}.journal"),
+        reload_journal=os.path.join(run_dir, f"{instance}.reload.journal"),
         lock=os.path.join(run_dir, f"{instance}.lock"),
         pins=pins, steer_pins=pins and os.path.join(pins, "steer"), flow_pins=pins and os.path.join(pins, "flow"),
         haproxy_cfg=sup["cfg"],
