@@ -11,6 +11,8 @@ import subprocess
 import time
 from contextlib import ExitStack
 
+import matplotlib.pyplot as plt
+
 from netns.handle import REPO, LabHandle
 
 RESULTS = os.environ.get("PEP_RESULTS", os.path.join(REPO, "results"))
@@ -77,9 +79,7 @@ def write_report(name: str, data: dict, table: list[list[str]], plot) -> str:
     path = os.path.join(RESULTS, f"{name}.json")
     with open(path, "w") as f:
         json.dump(data, f, indent=2)
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt.switch_backend("Agg")   # files only: no display
     fig = plot(plt)
     png = os.path.join(RESULTS, f"{name}.png")
     fig.savefig(png, dpi=110, bbox_inches="tight")

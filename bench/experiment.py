@@ -25,9 +25,10 @@ from contextlib import ExitStack
 from types import SimpleNamespace
 
 from netns.handle import REPO, wait_until
+from netns.workloads import set_link
 
 from .common import git_rev, labs, write_report
-from .pep_gain import run_grid, set_link
+from .pep_gain import run_grid
 from .replay import compile_profile
 
 REPLAY = os.path.join(REPO, "replay", "pep-replay")

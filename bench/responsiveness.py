@@ -13,7 +13,7 @@ same capacity, second by second. Each run, for SECONDS (3G profiles: 45 s, MIN_S
               time), and that as a share of what the link offered over the same seconds (a trace's
               opportunities, or a fixed rate)
   small       a 1 KB request-response on a connection of its own every 200 ms, on a fixed schedule
-              (bench/probe_requests.py: a slow one does not hold back the next): its time from
+              (netns/probe_requests.py: a slow one does not hold back the next): its time from
               connect to the last byte: p50, p95, p99 of every rep's requests together
   page        30 objects over 6 connections (curl --parallel: 10 of 100 KB, 20 of 1 KB), started
               3 s into the download: its completion time
@@ -26,25 +26,18 @@ goodput over one run's time, and a markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
 import sys
-import threading
-import time
 from contextlib import ExitStack
 
 from linkem import profiles as link_profiles
-from netns.handle import PYTHON, REPO, LabHandle
+from netns.handle import LabHandle
+from netns.workloads import one_run, set_mode, set_profile, small_percentiles
 
 from .common import RESULTS, git_rev, labs, median, write_report
-from .pep_gain import set_mode
 
-ORIGIN = "198.19.0.10"
-URL = f"http://{ORIGIN}"
-PROBE_INTERVAL = 0.2   # a 1 KB request every 200 ms, on a connection of its own
-PAGE = [f"{URL}/{obj}?{i}" for i, obj in enumerate(["100k"] * 10 + ["1k"] * 20)]   # 30 objects, about 1 MB
 TRACE_PROFILES = ["lte-trace", "5g-trace", "3g-trace", "drive-trace"]
 LOSSY_PROFILES = ["lte", "3g", "wifi-lossy"]
 PROFILES = TRACE_PROFILES + LOSSY_PROFILES
@@ -57,16 +50,6 @@ MIN_SECONDS = {"3g-trace": 45.0, "3g": 45.0}
 P95_OVER_IDLE_MS = {"3g-trace": 300.0, "3g": 300.0}
 P95_OVER_IDLE_DEFAULT_MS = 150.0
 GOODPUT_OVER_E2E = 0.85
-
-
-def set_profile(lab: LabHandle, profile: str) -> None:
-    proc = lab.run_pep_lab("link", profile)
-    assert proc.returncode == 0, proc.stderr
-
-
-def percentile(xs: list[float], p: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))] if s else float("nan")
 
 
 def offered_mbps(profile: str, seconds: float) -> float | None:
@@ -85,56 +68,6 @@ def offered_mbps(profile: str, seconds: float) -> float | None:
         m = re.fullmatch(r"([\d.]+)([kMG]?)(?:bit|bps)?", rate)
         return float(m.group(1)) * {"": 1e-6, "k": 1e-3, "M": 1.0, "G": 1e3}[m.group(2)] if m else None
     return None
-
-
-def one_run(lab: LabHandle, seconds: float, load: bool = True) -> dict:
-    """Small requests on a fixed schedule; with load, the bulk download beside them and a page load 3 s in."""
-    bulk = lab.popen("client", "curl", "-s", "-o", "/dev/null", "-m", f"{seconds:g}", "-w",
-                     "%{size_download} %{time_total}", f"{URL}/1g") if load else None
-    probe = lab.popen("client", PYTHON, "-m", "bench.probe_requests", ORIGIN, "--seconds", f"{seconds - 1:g}",
-                      "--interval", f"{PROBE_INTERVAL:g}", cwd=REPO)
-    received: list[tuple[float, int]] = []   # (offset s, bytes the client has received)
-    stop = threading.Event()
-    sampler = threading.Thread(target=sample_received, args=(lab, received, stop))
-    sampler.start()
-    page_s = float("nan")
-    if load:
-        time.sleep(3)
-        t = time.monotonic()
-        out = lab.run("client", "curl", "-s", "--parallel", "--parallel-max", "6", "-m", f"{seconds:g}",
-                      *[a for u in PAGE for a in ("-o", "/dev/null", u)], check=False, timeout=seconds + 30)
-        page_s = time.monotonic() - t if out.returncode == 0 else float("nan")
-    probed = json.loads(probe.communicate(timeout=seconds + 30)[0])
-    bulk_mbps = 0.0
-    if bulk is not None:
-        size, secs = (float(x) for x in bulk.communicate(timeout=seconds + 30)[0].split())
-        bulk_mbps = size * 8 / secs / 1e6 if secs else 0.0
-    stop.set()
-    sampler.join()
-    times = [x for _, x in probed["samples"]]
-    return {"bulk_mbps": bulk_mbps, **small_percentiles(times), "small_count": len(times),
-            "small_failed": probed["failed"], "page_s": page_s, "small_series": probed["samples"],
-            "goodput_series": rate_series(received)}
-
-
-def sample_received(lab: LabHandle, into: list, stop: threading.Event) -> None:
-    """Every 500 ms, the bytes the client's interfaces have received (/proc/net/dev of its netns)."""
-    started = time.monotonic()
-    while not stop.wait(0.5):
-        lines = lab.run("client", "cat", "/proc/net/dev").stdout.splitlines()[2:]
-        names_counters = [line.split(":", 1) for line in lines]
-        into.append((time.monotonic() - started,
-                     sum(int(counters.split()[0]) for name, counters in names_counters if name.strip() != "lo")))
-
-
-def rate_series(received: list[tuple[float, int]]) -> list[list[float]]:
-    """(offset s, Mbit/s) between consecutive samples."""
-    return [[round(t1, 2), round((b1 - b0) * 8 / (t1 - t0) / 1e6, 3)]
-            for (t0, b0), (t1, b1) in zip(received, received[1:], strict=False)]
-
-
-def small_percentiles(times: list[float]) -> dict:
-    return {f"small_p{p}_ms": percentile(times, p) * 1000 for p in (50, 95, 99)}
 
 
 def summarize(samples: list[dict]) -> dict:

@@ -29,6 +29,7 @@ import string
 import subprocess
 import sys
 
+from linkem import profiles
 from pepctl import runner
 from pepctl.names import in_netns
 from pepctl.plan import mkdir_step, port_attach_batch, steer_ports_step, steering_load_steps, trunk_attach_step
@@ -142,7 +143,6 @@ class Lab:
         linkem moves frames between its two veths in userspace (-a faces the client), with
         the profile's delay, jitter, loss and rate (this kernel has no netem). The
         veths' far ends must not hand it 64 KB TSO/GSO frames: offloads off there."""
-        from linkem import profiles
         link, cl, sw = self.netns("link"), self.netns("client"), self.netns("switch")
         profiles.profile_words(profile)   # an unknown profile fails here, before anything is made
         return [
@@ -164,7 +164,6 @@ class Lab:
         ]
 
     def set_link(self, profile: str, overrides: list[str]) -> int:
-        from linkem import profiles
         if not self.journal.exists:
             print(f"pep-lab link: lab {self.name} is not up", file=sys.stderr)
             return 1
@@ -343,7 +342,6 @@ class Lab:
         pep = subprocess.run(self.pepctl_argv("status", "--json"), capture_output=True, text=True)
         link = {}
         if self.has_link:
-            from linkem import profiles
             try:
                 link = {"setting": self.journal.meta.get("link") or
                         {"profile": self.journal.meta["options"]["link"], "overrides": []},
@@ -454,7 +452,6 @@ def quiet_port_steps(ports) -> list[Step]:
 
 
 def _linkem_answers(ctl: str) -> bool:
-    from linkem import profiles
     try:
         profiles.control(ctl, "stats", timeout=0.5)
         return True

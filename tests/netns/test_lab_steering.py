@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 
 import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Dot1Q, Ether
 
-from netns.handle import PYTHON, wait_until
+from netns.handle import PEP_LAB, PYTHON, wait_until
 
 LAB_OPTIONS = ["--no-proxy"]
 FRAMES = os.path.join(os.path.dirname(__file__), "frames.py")
@@ -150,9 +151,6 @@ def test_steering_counters_per_graph_and_direction(lab):
 
 
 def test_lab_up_twice_is_harmless(lab):
-    import subprocess
-
-    from netns.handle import PEP_LAB
     t0 = time.monotonic()
     proc = subprocess.run([PEP_LAB, "up", *LAB_OPTIONS], env=lab.env, capture_output=True, text=True)
     assert proc.returncode == 0 and "already up" in proc.stdout, proc.stdout + proc.stderr
