@@ -28,7 +28,7 @@ import socket
 from haproxy.render import STATS_ENV, GraphProxy, Process, render
 
 from . import bypass, congestion, experiment, flow_maps, nsutil, register, routing, service, steering
-from .config import Config, ConfigError, FieldError, Graph, Side
+from .config import Config, Graph, Side
 from .hostinfo import HostInfo, maxconn_for
 from .names import (
     C_IN,
@@ -183,12 +183,13 @@ def _gateway(side: Side, version: int):
     return next((gw for gw in side.gateways if gw.version == version), None)
 
 
-def route_lines(cfg: Config, g: Graph) -> list[str]:
+def route_lines(g: Graph) -> list[str]:
     """Addresses without kernel prefix routes, then one route per prefix with its side's congestion
     control and initial congestion window (both route metrics, congctl and initcwnd: every
-    connection on that side takes them)."""
-    lines, errors = [], []
-    for side_name, side, dev in (("access", g.access, C_IN), ("origin", g.origin, S_IN)):
+    connection on that side takes them). A prefix off every subnet of its side has a gateway of
+    its family: the config refused it otherwise (config/sides.py unreachable_prefixes)."""
+    lines = []
+    for side, dev in ((g.access, C_IN), (g.origin, S_IN)):
         window = f" initcwnd {side.initcwnd}" if side.initcwnd else ""
         for addr in side.addresses:
             lines.append(f"addr add {addr} dev {dev} noprefixroute" + (" nodad" if addr.version == 6 else ""))
@@ -199,21 +200,13 @@ def route_lines(cfg: Config, g: Graph) -> list[str]:
                        if net.version == addr.version):
                 lines.append(f"route replace {addr.network} dev {dev} scope link src {addr.ip} proto static "
                              f"congctl {side.congestion}{window}")
-        for i, net in enumerate(side.prefixes):
+        for net in side.prefixes:
             if _onlink(side, net):
                 src = next(a.ip for a in side.addresses if a.version == net.version and net.subnet_of(a.network))
                 via = f"dev {dev} scope link src {src}"
             else:
-                gw = _gateway(side, net.version)
-                if gw is None:
-                    errors.append(FieldError(cfg.path, f"graph[{g.index}].{side_name}.prefixes[{i}]", str(net),
-                                             f"not on-link and no IPv{net.version} gateway on the {side_name} "
-                                             f"side; add one to graph[{g.index}].{side_name}.gateways"))
-                    continue
-                via = f"via {gw} dev {dev}"
+                via = f"via {_gateway(side, net.version)} dev {dev}"
             lines.append(f"route replace {net} {via} proto static congctl {side.congestion}{window}")
-    if errors:
-        raise ConfigError(errors)
     return lines
 
 
@@ -249,7 +242,7 @@ def graph_batch(cfg: Config, g: Graph, n: GraphNames) -> str:
              f"link add {S_IN} index {n.s_in_ifindex} address {n.macs[S_IN]} type veth "
              f"peer name {n.s_out} address {n.macs['s_out']} netns {pid}",
              "link set lo up", f"link set {C_IN} up", f"link set {S_IN} up",
-             *route_lines(cfg, g), *interception_lines(g, 4)]
+             *route_lines(g), *interception_lines(g, 4)]
     return "\n".join(lines) + "\n"
 
 

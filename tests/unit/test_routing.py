@@ -195,7 +195,7 @@ def test_a_transit_link_subnet_is_on_link():
     no prefix covers (the link to a router) gets its own on-link route, or its gateway and the
     other hosts there would be unreachable."""
     cfg = parse(BASE + routing_table())
-    lines = plan.route_lines(cfg, cfg.graphs[0])
+    lines = plan.route_lines(cfg.graphs[0])
     assert "route replace 198.18.64.0/24 dev c_in scope link src 198.18.64.11 proto static congctl bbr " \
            "initcwnd 32" in lines, lines
     assert any(x.startswith("route replace 198.19.64.0/24 dev s_in scope link") for x in lines), lines
