@@ -13,6 +13,7 @@ from contextlib import ExitStack
 
 import matplotlib.pyplot as plt
 
+from netns.addresses import ORIGIN4
 from netns.handle import REPO, LabHandle
 
 RESULTS = os.environ.get("PEP_RESULTS", os.path.join(REPO, "results"))
@@ -53,7 +54,7 @@ def paired_ratio(a: list[float], b: list[float]) -> float:
     return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
 
-def iperf3(lab: LabHandle, *client_args: str, server: str = "198.19.0.10", seconds: float = 4) -> dict:
+def iperf3(lab: LabHandle, *client_args: str, server: str = ORIGIN4, seconds: float = 4) -> dict:
     """One bounded iperf3 run from the client to an iperf3 server started in the origin for it."""
     srv = lab.popen("origin", "iperf3", "-s", "-1", "-B", server, "-p", "5201")
     try:

@@ -6,9 +6,16 @@ in a namespace the lab made, and no traffic leaves the machine.
     access side  198.18.0.0/24  2001:2:0:1::/64   gateway (the graph's c_in) .1 / ::1, client .10 / ::10
     origin side  198.19.0.0/24  2001:2:0:2::/64   gateway (the graph's s_in) .1 / ::1, origin (nginx :80) .10 / ::10
     VLANs        access 100, origin 200
+
+The cluster lab (netns/cluster.py) puts its proxy hosts on a segment per side, behind a router:
+access 198.18.64.0/24 (router ra .1, host I .10+I), origin 198.19.64.0/24 (router ro .1, host I
+.10+I); the subscribers 198.18.0.0/24 split into 8 shares, each with an anchor in 198.18.96.0/27;
+the client has one address in every share. AS numbers: ra 65001, ro 65002, host I 65010+I.
 """
 
 from __future__ import annotations
+
+import ipaddress
 
 ACCESS_VLAN, ORIGIN_VLAN = 100, 200
 
@@ -27,3 +34,28 @@ CLIENT = (f"{CLIENT4}/24", f"{CLIENT6}/64", ACCESS_GW4, ACCESS_GW6)
 ORIGIN = (f"{ORIGIN4}/24", f"{ORIGIN6}/64", ORIGIN_GW4, ORIGIN_GW6)
 
 ORIGIN_URL4, ORIGIN_URL6 = f"http://{ORIGIN4}", f"http://[{ORIGIN6}]"
+
+# -- the cluster lab ------------------------------------------------------------------------------
+SHARES = 8
+SUBSCRIBERS = ipaddress.IPv4Network(ACCESS_NET4)
+ANCHORS = ipaddress.IPv4Network("198.18.96.0/27")
+ROUTER_ASN = {"ra": 65001, "ro": 65002}
+HOST_ASN_BASE = 65010
+SEGMENT = {"access": ipaddress.IPv4Network("198.18.64.0/24"), "origin": ipaddress.IPv4Network("198.19.64.0/24")}
+
+
+def router_address(side: str) -> ipaddress.IPv4Address:
+    return SEGMENT[side].network_address + 1
+
+
+def host_address(side: str, host: int) -> ipaddress.IPv4Address:
+    return SEGMENT[side].network_address + 10 + host
+
+
+def host_name(i: int) -> str:
+    return f"ph{i}"
+
+
+def client_address(share: int) -> str:
+    """The client's address in share k."""
+    return str(SUBSCRIBERS.network_address + 32 * share + 10)

@@ -11,7 +11,21 @@ from __future__ import annotations
 
 from pepctl.config.model import key_text, toml_value
 
-from .addresses import ACCESS_ADDRESSES, ACCESS_VLAN, ORIGIN_ADDRESSES, ORIGIN_VLAN
+from .addresses import (
+    ACCESS_ADDRESSES,
+    ACCESS_VLAN,
+    ANCHORS,
+    HOST_ASN_BASE,
+    ORIGIN_ADDRESSES,
+    ORIGIN_VLAN,
+    ROUTER_ASN,
+    SEGMENT,
+    SHARES,
+    SUBSCRIBERS,
+    host_address,
+    host_name,
+    router_address,
+)
 
 
 def one_graph(instance: str = "pep1", nic: str = "eth1", *, host: dict | None = None, access: dict | None = None,
@@ -31,6 +45,29 @@ def second_graph(name: str = "g2") -> dict:
     """A second graph beside one_graph()'s: VLANs 101 and 201, the next /24 of each side."""
     return {"name": name, "access": {"vlan": ACCESS_VLAN + 1, "addresses": ["198.18.1.1/24"]},
             "origin": {"vlan": ORIGIN_VLAN + 1, "addresses": ["198.19.1.1/24"]}}
+
+
+def routing_table(i: int, hosts: int, **extra) -> dict:
+    """[routing] of the cluster lab's host I among hosts 1..hosts (netns/addresses.py); extra: more
+    keys (bfd, assign)."""
+    members = [{"name": host_name(h), **{side: str(host_address(side, h)) for side in ("access", "origin")}}
+               for h in range(1, hosts + 1)]
+    peers = [{"side": side, "address": str(router_address(side)), "asn": ROUTER_ASN[router]}
+             for side, router in (("access", "ra"), ("origin", "ro"))]
+    return {"asn": HOST_ASN_BASE + i, "host": host_name(i), "subscribers": str(SUBSCRIBERS), "shares": SHARES,
+            "anchors": str(ANCHORS), "hosts": members, **extra, "peer": peers}
+
+
+def cluster_host(i: int, hosts: int, *, congestion: str | None = None, routing: dict | None = None, **kw) -> dict:
+    """The cluster lab's host I: one graph on the routers' segments (its subscribers behind ra, the
+    origin behind ro), and [routing]. kw: one_graph's (instance, nic, host, proxy, name...)."""
+    access = {"addresses": [f"{host_address('access', i)}/{SEGMENT['access'].prefixlen}"],
+              "prefixes": [str(SUBSCRIBERS)], "gateways": [str(router_address("access"))]}
+    if congestion:
+        access["congestion"] = congestion
+    origin = {"addresses": [f"{host_address('origin', i)}/{SEGMENT['origin'].prefixlen}"],
+              "prefixes": ["0.0.0.0/0"], "gateways": [str(router_address("origin"))]}
+    return {**one_graph(access=access, origin=origin, **kw), "routing": routing_table(i, hosts, **(routing or {}))}
 
 
 def toml_text(doc: dict) -> str:

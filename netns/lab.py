@@ -36,14 +36,26 @@ from pepctl.plan import mkdir_step, port_attach_batch, steer_ports_step, steerin
 from pepctl.runner import Call, Journal, Step, daemon_step
 
 from . import engines
+from .addresses import (
+    ACCESS_ADDRESSES,
+    ACCESS_GW4,
+    ACCESS_VLAN,
+    CLIENT,
+    CLIENT4,
+    CLIENT6,
+    ORIGIN,
+    ORIGIN4,
+    ORIGIN6,
+    ORIGIN_ADDRESSES,
+    ORIGIN_GW4,
+    ORIGIN_URL4,
+    ORIGIN_VLAN,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATE_DIR = "/run/peplab"
 PEPCTL = os.path.join(REPO, "scripts", "pepctl")
 NODES = ("client", "switch", "proxyhost", "origin")
-ACCESS_VLAN, ORIGIN_VLAN = 100, 200
-CLIENT = ("198.18.0.10/24", "2001:2:0:1::10/64", "198.18.0.1", "2001:2:0:1::1")
-ORIGIN = ("198.19.0.10/24", "2001:2:0:2::10/64", "198.19.0.1", "2001:2:0:2::1")
 END_HOST_SYSCTLS = [
     ("net.ipv4.tcp_rmem", "4096 131072 33554432"),
     ("net.ipv4.tcp_wmem", "4096 65536 33554432"),
@@ -202,8 +214,8 @@ class Lab:
         sw, ph, pep = self.netns("switch"), self.netns("proxyhost"), self.netns("pep")
         steps = [Step(f"create namespace {pep}", ["ip", "netns", "add", pep], undo=["ip", "netns", "del", pep])]
         for side, port, trunk, nic, out, inn, addrs in (
-                ("a", "p-client", "trunk-a", "nic0a", "c_out", "c_in", ("198.18.0.1/24", "2001:2:0:1::1/64")),
-                ("o", "p-origin", "trunk-o", "nic0o", "s_out", "s_in", ("198.19.0.1/24", "2001:2:0:2::1/64"))):
+                ("a", "p-client", "trunk-a", "nic0a", "c_out", "c_in", ACCESS_ADDRESSES),
+                ("o", "p-origin", "trunk-o", "nic0o", "s_out", "s_in", ORIGIN_ADDRESSES)):
             steps += [
                 Step(f"cable {trunk} <-> {nic}", ["ip", "-n", sw, "link", "add", trunk, "type", "veth",
                                                   "peer", "name", nic, "netns", ph]),
@@ -252,21 +264,22 @@ class Lab:
         og = self.netns("origin")
         www = os.path.join(self.run_dir, "www")
         conf = os.path.join(self.run_dir, "nginx.conf")
+        nginx_conf = NGINX_CONF.format(run=self.run_dir, www=www, origin4=ORIGIN4, origin6=ORIGIN6)
 
         def nginx_ready() -> bool:
-            probe = in_netns(og, ["curl", "-s", "-o", "/dev/null", "-m", "1", "http://198.19.0.10/"])
+            probe = in_netns(og, ["curl", "-s", "-o", "/dev/null", "-m", "1", f"{ORIGIN_URL4}/"])
             return subprocess.run(probe, capture_output=True).returncode == 0
 
         return [
             Step(f"origin folder {www}", ["mkdir", "-p", www]),
             Step("origin index page", Call("write", (os.path.join(www, "index.html"),
-                                                     "PEP lab origin: hello from 198.19.0.10\n"), "index.html")),
+                                                     f"PEP lab origin: hello from {ORIGIN4}\n"), "index.html")),
             *[Step(f"origin object /{name} ({size} random bytes)",
                    ["sh", "-c", f"head -c {size} /dev/urandom > {os.path.join(www, name)}"])
               for name, size in OBJECT_SIZES.items()],
             Step(f"origin object /{ENDLESS_OBJECT[0]} ({ENDLESS_OBJECT[1]} bytes, sparse)",
                  ["truncate", "-s", str(ENDLESS_OBJECT[1]), os.path.join(www, ENDLESS_OBJECT[0])]),
-            Step("write nginx config", Call("write", (conf, NGINX_CONF.format(run=self.run_dir, www=www)), conf)),
+            Step("write nginx config", Call("write", (conf, nginx_conf), conf)),
             daemon_step(f"start nginx in {og}", in_netns(og, ["nginx", "-c", conf, "-g", "daemon off;"]),
                         os.path.join(self.run_dir, "nginx.pid"), os.path.join(self.run_dir, "nginx.out"),
                         nginx_ready),
@@ -322,13 +335,13 @@ class Lab:
     def print_topology(self) -> None:
         p = self.prefix
         print(f"""
-  {p}-client  198.18.0.10 2001:2:0:1::10
+  {p}-client  {CLIENT4} {CLIENT6}
       |  eth0 -- p-client (untagged; switch tags VLAN {ACCESS_VLAN})
   {p}-switch  ==trunk== 802.1Q {ACCESS_VLAN},{ORIGIN_VLAN} ==nic0==  {p}-proxyhost
       |  eth0 -- p-origin (untagged; switch tags VLAN {ORIGIN_VLAN})        | c_out/s_out (tc BPF steering)
-  {p}-origin  198.19.0.10 2001:2:0:2::10  nginx :80        {p}-pep  c_in 198.18.0.1 | s_in 198.19.0.1
+  {p}-origin  {ORIGIN4} {ORIGIN6}  nginx :80        {p}-pep  c_in {ACCESS_GW4} | s_in {ORIGIN_GW4}
 
-  try: ./scripts/pep-lab exec client -- curl -s http://198.19.0.10/
+  try: ./scripts/pep-lab exec client -- curl -s {ORIGIN_URL4}/
        ./scripts/pep-lab status""")
 
     def status(self, as_json: bool) -> int:
@@ -479,8 +492,8 @@ http {{
     default_type application/octet-stream;
     server {{
         # Its own addresses only: other servers (pep-replay) may use 198.19.0.11-20 port 80.
-        listen 198.19.0.10:80 reuseport backlog=4096;
-        listen [2001:2:0:2::10]:80 reuseport backlog=4096;
+        listen {origin4}:80 reuseport backlog=4096;
+        listen [{origin6}]:80 reuseport backlog=4096;
         root {www};
         # Uploads: PUT /upload/NAME is written whole before the answer (so a client's upload
         # time is the time to deliver every byte).

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from netns import configs
 from netns.handle import LabHandle
 from pepctl import congestion
 from pepctl.names import CONGESTION_DIR, CONGESTION_LOCK, congestion_pins
@@ -31,6 +32,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "/tests/unit/" not in str(item.fspath):
             item.add_marker(skip)
+
+
+# -- configs -------------------------------------------------------------------
+@pytest.fixture
+def config_doc() -> dict:
+    """A fresh one-graph pepctl config, as a dict (netns/configs.py one_graph): a test changes what it
+    needs and writes it with configs.toml_text."""
+    return configs.one_graph()
 
 
 # -- nothing left behind ------------------------------------------------------
