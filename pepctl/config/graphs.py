@@ -144,17 +144,8 @@ def read_bypass(r: Reader, graw: dict, where: str) -> Bypass | Any:
     nets: dict[str, Any] = {}
     for key in ("clients", "servers"):
         items = r.strings(raw, path, key, [])
-        if items is BAD:
-            nets[key] = BAD
-            continue
-        out = []
-        for field, text in items:
-            got = check_rule(key[:-1], text)
-            if isinstance(got, str):
-                r.error(field, text, got)
-            else:
-                out.append(ipaddress.ip_network(got.value))
-        nets[key] = tuple(out) if len(out) == len(items) else BAD
+        rules = BAD if items is BAD else r.each(items, lambda text, _, kind=key[:-1]: check_rule(kind, text))
+        nets[key] = BAD if rules is BAD else tuple(ipaddress.ip_network(rule.value) for rule in rules)
     ports = r.get(raw, path, "ports", LIST, [])
     if ports is not BAD:
         ports = r.port_list(ports, f"{path}.ports")

@@ -160,11 +160,14 @@ class Reader:
         self.unknown_keys(value, path, known)
         return value
 
-    def strings(self, raw: dict, path: str, key: str, default: Any) -> list[tuple[str, Any]] | Any:
-        """A list of strings as (field path, value) pairs; bad items are reported and left out."""
+    def strings(self, raw: dict, path: str, key: str, default: Any, empty: str = "") -> list[tuple[str, Any]] | Any:
+        """A list of strings as (field path, value) pairs, or BAD when an item is not one (each is
+        reported). empty: what to do when the list given is empty (no message: empty is fine)."""
         items = self.get(raw, path, key, LIST, default, example='["198.18.0.1/24", "2001:2:0:1::1/64"]')
         if items is BAD or items is default:
             return items
+        if not items and empty:
+            return self.error(f"{path}.{key}", [], f"empty; {empty}")
         out = []
         for i, item in enumerate(items):
             if not is_kind(item, STR):
@@ -173,6 +176,18 @@ class Reader:
                 self.error(f"{path}.{key}[{i}]", item, ascii_problem(item))
             else:
                 out.append((f"{path}.{key}[{i}]", item))
+        return out if len(out) == len(items) else BAD
+
+    def each(self, items: list[tuple[str, Any]], check) -> list | Any:
+        """check(value, the good values before it) of every (field, value) of items: what it makes,
+        or a str saying what is wrong (reported at the field). BAD unless every item is good."""
+        out: list = []
+        for field, value in items:
+            got = check(value, out)
+            if isinstance(got, str):
+                self.error(field, value, got)
+            else:
+                out.append(got)
         return out if len(out) == len(items) else BAD
 
     def port_list(self, items: list, path: str) -> tuple[tuple[int, int], ...] | Any:

@@ -95,50 +95,40 @@ def read_queue_target(r: Reader, raw: dict, path: str, side: str, congestion: An
 
 
 def read_addresses(r: Reader, raw: dict, path: str) -> tuple[Iface, ...] | Any:
-    items = r.strings(raw, path, "addresses", REQUIRED)
-    if items is BAD:
-        return BAD
-    if not items:
-        return r.error(f"{path}.addresses", [], "empty; give this side's own address with its "
-                       'prefix length, e.g. ["198.18.0.1/24"]')
-    out: list[Iface] = []
-    for field, text in items:
-        msg = address_problem(text)
-        if not msg and ipaddress.ip_interface(text) in out:
-            msg = "listed twice; remove one"
-        if msg:
-            r.error(field, text, msg)
-        else:
-            out.append(ipaddress.ip_interface(text))
-    return tuple(out) if len(out) == len(items) else BAD
+    items = r.strings(raw, path, "addresses", REQUIRED,
+                      empty='give this side\'s own address with its prefix length, e.g. ["198.18.0.1/24"]')
+    got = BAD if items is BAD else r.each(items, interface_of)
+    return BAD if got is BAD else tuple(got)
+
+
+def interface_of(text: str, before: list) -> Iface | str:
+    msg = address_problem(text)
+    if not msg and ipaddress.ip_interface(text) in before:
+        msg = "listed twice; remove one"
+    return msg or ipaddress.ip_interface(text)
 
 
 def read_prefixes(r: Reader, raw: dict, path: str, addresses: Any) -> tuple[Net, ...] | Any:
-    items = r.strings(raw, path, "prefixes", None)
-    if items is BAD:
-        return BAD
+    items = r.strings(raw, path, "prefixes", None,
+                      empty="leave prefixes out to route just the subnets of addresses, or list the networks on "
+                            "this side")
     if items is None:  # default: the subnets of the addresses (directly connected)
         return BAD if addresses is BAD else tuple(dict.fromkeys(a.network for a in addresses))
-    if not items:
-        return r.error(f"{path}.prefixes", [], "empty; leave prefixes out to route just the "
-                       "subnets of addresses, or list the networks on this side")
-    out: list[Net] = []
-    for field, text in items:
-        msg = zone_problem(text)
-        if not msg:
-            try:
-                net = ipaddress.ip_network(text)
-                msg = kind_problem(net, "prefix")
-            except ValueError:
-                try:
-                    msg = f'has host bits set; write the network, "{ipaddress.ip_network(text, strict=False)}"'
-                except ValueError:
-                    msg = 'not a network; write it like "198.18.0.0/16" or "2001:2::/48"'
-        if msg:
-            r.error(field, text, msg)
-        else:
-            out.append(net)
-    return tuple(dict.fromkeys(out)) if len(out) == len(items) else BAD
+    got = BAD if items is BAD else r.each(items, lambda text, _: prefix_of(text))
+    return BAD if got is BAD else tuple(dict.fromkeys(got))
+
+
+def prefix_of(text: str) -> Net | str:
+    if zone_problem(text):
+        return zone_problem(text)
+    try:
+        net = ipaddress.ip_network(text)
+    except ValueError:
+        try:
+            return f'has host bits set; write the network, "{ipaddress.ip_network(text, strict=False)}"'
+        except ValueError:
+            return 'not a network; write it like "198.18.0.0/16" or "2001:2::/48"'
+    return kind_problem(net, "prefix") or net
 
 
 def read_gateways(r: Reader, raw: dict, path: str, addresses: Any) -> tuple[Addr, ...] | Any:
