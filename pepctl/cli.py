@@ -22,6 +22,7 @@ from . import config as configmod
 from . import reload as reload_mod
 from .config.rules import RuleError, parse_rule, parse_rules_file
 from .lock import InstanceLock, LockBusy
+from .names import CRASH_LOG
 from .runner import Journal, StepError, apply, undo_all
 
 DEFAULT_CONFIG = "/etc/pep/pep.toml"
@@ -433,9 +434,6 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
         return unexpected(args, e)
     except Exception as e:   # noqa: BLE001 - the one place that turns a bug into a message
         return unexpected(args, e)
-
-
-CRASH_LOG = "/var/log/pep/pepctl-errors.log"
 
 
 def unexpected(args, e: BaseException) -> int:

@@ -40,7 +40,7 @@ import struct
 from . import bpfsys, radio_maps
 from .config import OWN_CONGESTION, Config, FieldError, Graph
 from .lock import InstanceLock, LockBusy
-from .names import CONGESTION_DIR, CONGESTION_LOCK, congestion_pins, netns_path
+from .names import CONGESTION_DIR, CONGESTION_LOCK, REGISTER, congestion_pins, netns_path
 from .register import users_of
 from .runner import Call, Step, StepError, action, remove_dir, run
 
@@ -150,7 +150,7 @@ def steps(cfg: Config) -> list[Step]:
         show = (f"# under flock {CONGESTION_LOCK}; if pepctl registered {cc} already (another instance): "
                 f"nothing, but a notice\nmkdir -p -m 700 {pins}\n{loader} {obj} {pins}")
         undo = (f"under flock {CONGESTION_LOCK}, unless another running instance uses {cc} "
-                f"(its entry in /run/pep-instances): bpf(2) BPF_MAP_DELETE_ELEM key 0 of the struct_ops map in "
+                f"(its entry in {REGISTER}): bpf(2) BPF_MAP_DELETE_ELEM key 0 of the struct_ops map in "
                 f"{pins} (unregisters {cc}); rm -r {pins}")
         out.append(Step(f"use congestion control {cc}", Call("congestion_use", (cc, journal), show),
                         undo=Call("congestion_release", (cc, journal), undo)))

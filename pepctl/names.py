@@ -29,6 +29,7 @@ own files are named where it runs (haproxy/supervise.py) and taken from there.
     nft table pep_INSTANCE          inside a graph's namespace (mode nft)
     systemd units pep-supervisor@<run folder, escaped>.service, pep-exporter@<the same>.service
     /run/pep-instances/INSTANCE.json   the host's register of running instances (pepctl/register.py)
+    /var/log/pep/pepctl-errors.log  the tracebacks of errors pepctl did not expect (the message names it)
 
 Host-wide, shared by every instance that uses them (pepctl/congestion.py):
     /sys/fs/bpf/pep-congestion/NAME/   a congestion control pepctl registered (pep_radio): its maps
@@ -56,6 +57,7 @@ FLOW_PREF = 20         # ... of flow_ingress on c_in / s_in
 SUPERVISOR_UNIT = "pep-supervisor@.service"
 EXPORTER_UNIT = "pep-exporter@.service"
 REGISTER = "/run/pep-instances"   # one file per instance that is up (or coming up), whatever its run_dir
+CRASH_LOG = "/var/log/pep/pepctl-errors.log"   # what pepctl knows of an error it did not expect (pepctl/cli.py)
 NFT_SUFFIX = ".nft"               # GRAPH.nft
 RULES_SUFFIX = ".bypass.rules"    # GRAPH.bypass.rules
 TMP_SUFFIX = ".tmp"               # a file being written, renamed into place when whole (pepctl/runner.py)

@@ -9,6 +9,7 @@ from typing import Any
 from .model import Host, Tuning
 from .reader import BAD, BOOL, INT, STR, Reader
 from .schema import (
+    DIR_DEFAULTS,
     ENUMS,
     HOST_DEFAULTS,
     HOST_KEYS,
@@ -47,7 +48,7 @@ def read_host(r: Reader, doc: dict) -> Host | Any:
         nic = r.error("host.nic", nic, "not a valid interface name (1-15 printable characters, no '/', "
                       "':' or spaces); give the trunk NIC as `ip link` shows it")
     dirs = []
-    for key, default in (("run_dir", "/run/pep"), ("bpf_dir", "/sys/fs/bpf/pep")):
+    for key, default in DIR_DEFAULTS.items():
         d = r.get(raw, "host", key, STR, default)
         if d is not BAD:
             msg = path_problem(d, default)

@@ -20,6 +20,7 @@ HOST_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
 SHARES_MAX = 256
 HOST_KEYS = ("instance", "nic", "run_dir", "bpf_dir", "tuning", "supervisor", "threads", "maxconn",
              "metrics_address", "metrics_port")
+DIR_DEFAULTS = {"run_dir": "/run/pep", "bpf_dir": "/sys/fs/bpf/pep"}
 HOST_DEFAULTS: dict[str, Any] = {
     "supervisor": "auto",
     "threads": 0,
