@@ -33,14 +33,16 @@ import tempfile
 import time
 from contextlib import ExitStack
 
+from netns.addresses import ACCESS_NET4, ACCESS_NET6, ORIGIN4, ORIGIN_URL4, ORIGIN_URL6
 from netns.handle import PYTHON, REPO, LabHandle
 from pepctl import bypass, flow_maps
 from pepctl import config as configmod
+from pepctl.config.rules import parse_rule
 from pepctl.plan import FLOW_OBJ, loadall_argv
 
 from .common import git_rev, median, paired_ratio, write_report
 
-LAB_CLIENTS = ["client 198.18.0.0/24", "client 2001:2:0:1::/64"]
+LAB_CLIENTS = [f"client {ACCESS_NET4}", f"client {ACCESS_NET6}"]
 NO_MATCH_10 = ["client 198.18.200.0/24", "server 198.19.200.0/24", "client 198.18.128.1/32",
                "server 198.19.128.1/32", "client 198.18.129.0/24", "server 198.19.129.0/24",
                "client 2001:2:0:100::/64", "server 2001:2:0:101::/64"]
@@ -107,7 +109,7 @@ def check_bypassed(lab: Lab, name: str, c0: dict, s0: int, new_flows: int) -> No
 
 def verify(lab: Lab, name: str) -> None:
     c0, s0 = lab.counters(), lab.sessions()
-    for url in ("http://198.19.0.10/1k", "http://[2001:2:0:2::10]/1k"):
+    for url in (f"{ORIGIN_URL4}/1k", f"{ORIGIN_URL6}/1k"):
         for _ in range(3):
             lab.h.run("client", "curl", "-sS", "-g", "-m", "5", "-o", "/dev/null", url)
     check_bypassed(lab, name, c0, s0, 6)
@@ -116,7 +118,7 @@ def verify(lab: Lab, name: str) -> None:
 def new_connections(lab: Lab, name: str, seconds: float) -> float:
     c0, s0 = lab.counters(), lab.sessions()
     out = lab.h.run("client", "wrk", "-t1", "-c16", f"-d{seconds:g}s", "-s", WRK_LUA, "-H", "Connection: close",
-                    "http://198.19.0.10/1k", timeout=seconds + 30).stdout
+                    f"{ORIGIN_URL4}/1k", timeout=seconds + 30).stdout
     r = json.loads(out.strip().splitlines()[-1])
     if r["errors"] or r["status_errors"]:
         raise SystemExit(f"bench bypass: lab {name}: wrk errors: {r}")
@@ -126,7 +128,7 @@ def new_connections(lab: Lab, name: str, seconds: float) -> float:
 
 def stream_pps(lab: Lab, name: str, seconds: float) -> float:
     """pkts_bypassed per second over the steady middle of one iperf3 stream (1 s skipped each end)."""
-    srv = lab.h.popen("origin", "iperf3", "-s", "-1", "-B", "198.19.0.10", "-p", "5201")
+    srv = lab.h.popen("origin", "iperf3", "-s", "-1", "-B", ORIGIN4, "-p", "5201")
     try:
         deadline = time.monotonic() + 5
         while not lab.h.run("origin", "ss", "-Hltn", "sport = :5201", check=False).stdout.strip():
@@ -134,7 +136,7 @@ def stream_pps(lab: Lab, name: str, seconds: float) -> float:
                 raise SystemExit(f"bench bypass: lab {name}: iperf3 server did not listen")
             time.sleep(0.02)
         c0, s0 = lab.counters(), lab.sessions()
-        client = lab.h.popen("client", "iperf3", "-c", "198.19.0.10", "-p", "5201", "-t", f"{seconds:g}",
+        client = lab.h.popen("client", "iperf3", "-c", ORIGIN4, "-p", "5201", "-t", f"{seconds:g}",
                              "-M", str(MSS), "-J")
         time.sleep(1.0)
         p0, t0 = lab.counters()["pkts_bypassed"], time.monotonic()
@@ -159,7 +161,7 @@ def kernel_times(lab: Lab) -> dict:
         for v, rules in VARIANTS.items():
             os.makedirs(pins[v])
             subprocess.run(loadall_argv(FLOW_OBJ, pins[v]), check=True, capture_output=True)
-            flow_maps.add_rules(pins[v], 0, **bypass.map_args([bypass.parse_rule(*r.split()) for r in rules]))
+            flow_maps.add_rules(pins[v], 0, **bypass.map_args([parse_rule(*r.split()) for r in rules]))
         proc = subprocess.run(["nsenter", f"--net=/run/netns/{ns}", PYTHON, "-m", "bench.bypass_ktime",
                                *pins.values()], cwd=REPO, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:

@@ -27,6 +27,7 @@ import socket
 import statistics
 import struct
 
+from netns.addresses import CLIENT4, ORIGIN4
 from pepctl import bpfsys
 from pepctl import flow_maps as fm
 
@@ -36,7 +37,7 @@ SYN, ACK, SYNACK = 0x02, 0x10, 0x12
 
 def frame(flags: int, seq: int, ack: int = 0, sport: int = 40000, reply: bool = False) -> bytearray:
     """An Ethernet/IPv4/TCP segment between the lab's client and its origin, port 80 (reply: from the origin)."""
-    client, origin = socket.inet_aton("198.18.0.10"), socket.inet_aton("198.19.0.10")
+    client, origin = socket.inet_aton(CLIENT4), socket.inet_aton(ORIGIN4)
     src, dst, ports = (origin, client, (80, sport)) if reply else (client, origin, (sport, 80))
     ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 40, 1, 0, 64, socket.IPPROTO_TCP, 0, src, dst)
     tcp = struct.pack("!HHIIBBHHH", *ports, seq, ack, 5 << 4, flags, 65535, 0, 0)

@@ -11,6 +11,9 @@ import subprocess
 import time
 from contextlib import ExitStack
 
+import matplotlib.pyplot as plt
+
+from netns.addresses import ORIGIN4
 from netns.handle import REPO, LabHandle
 
 RESULTS = os.environ.get("PEP_RESULTS", os.path.join(REPO, "results"))
@@ -33,7 +36,7 @@ def process_cpu_seconds(pid: int) -> float:
 
 def exporter_cpu_seconds(lab: LabHandle) -> float:
     """CPU time the lab's metrics exporter has used (its PID file is in the instance's folder)."""
-    with open(f"{lab.run_dir}/pep/pl{lab.rid}/exporter.pid") as f:
+    with open(lab.config().instance_names().exporter_pid) as f:
         return process_cpu_seconds(int(f.read()))
 
 
@@ -51,7 +54,7 @@ def paired_ratio(a: list[float], b: list[float]) -> float:
     return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
 
-def iperf3(lab: LabHandle, *client_args: str, server: str = "198.19.0.10", seconds: float = 4) -> dict:
+def iperf3(lab: LabHandle, *client_args: str, server: str = ORIGIN4, seconds: float = 4) -> dict:
     """One bounded iperf3 run from the client to an iperf3 server started in the origin for it."""
     srv = lab.popen("origin", "iperf3", "-s", "-1", "-B", server, "-p", "5201")
     try:
@@ -77,9 +80,7 @@ def write_report(name: str, data: dict, table: list[list[str]], plot) -> str:
     path = os.path.join(RESULTS, f"{name}.json")
     with open(path, "w") as f:
         json.dump(data, f, indent=2)
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt.switch_backend("Agg")   # files only: no display
     fig = plot(plt)
     png = os.path.join(RESULTS, f"{name}.png")
     fig.savefig(png, dpi=110, bbox_inches="tight")

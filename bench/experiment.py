@@ -24,10 +24,13 @@ import tempfile
 from contextlib import ExitStack
 from types import SimpleNamespace
 
-from netns.handle import REPO, wait_until
+from netns.addresses import CLIENT4
+from netns.handle import REPO
+from netns.workloads import set_link
+from pepctl.runner import wait_for
 
 from .common import git_rev, labs, write_report
-from .pep_gain import run_grid, set_link
+from .pep_gain import run_grid
 from .replay import compile_profile
 
 REPLAY = os.path.join(REPO, "replay", "pep-replay")
@@ -45,11 +48,11 @@ def replay_traffic(lab, profile: str, seconds: float, rate: float, drain_s: floa
                        str(int((seconds + drain_s + 60) * 1000)), "--quiet")
     out = os.path.join(lab.run_dir, "experiment-client.json")
     try:
-        wait_until(lambda: lab.run("origin", "ss", "-Hltn", "sport = :80", check=False).stdout.count("\n") >= 10,
-                   timeout=5, what="pep-replay server listening")
+        wait_for(lambda: lab.run("origin", "ss", "-Hltn", "sport = :80", check=False).stdout.count("\n") >= 10,
+                 timeout=5, what="pep-replay server listening")
         lab.run("client", REPLAY, "client", "--profile", profile, "--duration", f"{seconds:g}", "--rate",
                 f"{rate:g}", "--drain", str(int(drain_s * 1000)), "--timeout", str(int(drain_s * 1000 + 60000)),
-                "--clients", "198.18.0.10-198.18.0.250", "--quiet", "--json", out, check=False,
+                "--clients", f"{CLIENT4}-198.18.0.250", "--quiet", "--json", out, check=False,
                 timeout=seconds + drain_s + 120)
     finally:
         server.send_signal(signal.SIGTERM)

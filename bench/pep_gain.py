@@ -21,43 +21,14 @@ import statistics
 import sys
 from contextlib import ExitStack
 
+from matplotlib.colors import LogNorm
+
 from netns.handle import LabHandle
+from netns.workloads import OBJECTS, download, set_link, set_mode, upload
 
 from .common import RESULTS, git_rev, labs, median, write_report
 
-MB = 1 << 20
-OBJECTS = {1: "1m", 10: "10m", 50: "50m"}     # MB -> the lab origin's object
 SHORT = ("100k", 100 * 1024)
-
-
-def set_link(lab: LabHandle, rtt_ms: float, loss: float, rate_mbit: float) -> None:
-    """Half the RTT each way; a buffer of one RTT at the rate (limit_ms), loss both ways."""
-    proc = lab.run_pep_lab("link", "none", f"delay={rtt_ms / 2:g}", f"loss={loss:g}", f"down.rate={rate_mbit:g}M",
-                           f"up.rate={rate_mbit:g}M", f"limit_ms={max(rtt_ms, 20):g}")
-    assert proc.returncode == 0, proc.stderr
-
-
-def set_mode(lab: LabHandle, mode: str) -> None:
-    """e2e: bypass every lab client (new flows only); proxy: no bypass rule."""
-    action = "add" if mode == "e2e" else "del"
-    lab.pepctl("bypass", action, "client", "198.18.0.0/24")
-
-
-def download(lab: LabHandle, obj: str, cap: float) -> dict:
-    out = lab.run("client", "curl", "-s", "-o", "/dev/null", "-m", f"{cap:g}", "-w",
-                  "%{size_download} %{time_total}", f"http://198.19.0.10/{obj}", check=False,
-                  timeout=cap + 30).stdout.split()
-    size, secs = int(out[0]), float(out[1])
-    return {"bytes": size, "seconds": secs, "mbps": size * 8 / secs / 1e6 if secs else 0.0}
-
-
-def upload(lab: LabHandle, size_mb: int, cap: float) -> dict:
-    src = os.path.join(lab.run_dir, "www", OBJECTS[size_mb])
-    out = lab.run("client", "curl", "-s", "-o", "/dev/null", "-m", f"{cap:g}", "-T", src, "-w",
-                  "%{size_upload} %{time_total} %{http_code}", f"http://198.19.0.10/upload/{size_mb}m",
-                  check=False, timeout=cap + 30).stdout.split()
-    size, secs = int(out[0]), float(out[1])
-    return {"bytes": size, "seconds": secs, "mbps": size * 8 / secs / 1e6 if secs else 0.0}
 
 
 def short_flows(lab: LabHandle, count: int, cap: float) -> float:
@@ -111,7 +82,6 @@ def table(results: list[dict], key: str) -> list[list[str]]:
 
 def plot_grid(results: list[dict], keys: list[str]):
     def plot(plt):
-        from matplotlib.colors import LogNorm
         rates = sorted({c["rate_mbit"] for c in results})
         rtts = sorted({c["rtt_ms"] for c in results})
         losses = sorted({c["loss_pct"] for c in results})

@@ -43,6 +43,8 @@ import threading
 import time
 from contextlib import ExitStack
 
+from netns.addresses import ORIGIN_URL4
+
 from .common import exporter_cpu_seconds, git_rev, labs, median, paired_ratio, write_report
 
 PORT80 = ["--ports", "80"]
@@ -64,7 +66,7 @@ VARIANTS = {
 }
 ENDPOINTS = "endpoints"   # measured from the origin's own namespace, 1 KB transactions only
 WRK_LUA = os.path.join(os.path.dirname(__file__), "wrk_json.lua")
-URL = "http://198.19.0.10"
+URL = ORIGIN_URL4
 METRICS = "http://127.0.0.1:9101/metrics"
 SCRAPE_EVERY = 5.0   # s; Prometheus is commonly set to 15 s or 1 min: this is harsher
 

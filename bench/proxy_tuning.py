@@ -29,10 +29,9 @@ from collections.abc import Callable
 from contextlib import ExitStack
 
 from netns.engines import LISTEN_PORT, MINRELAY, listening
-from netns.handle import wait_until
 from pepctl import config as configmod
-from pepctl.names import instance_names
 from pepctl.reload import reload_haproxy
+from pepctl.runner import wait_for
 
 from .common import git_rev, labs, paired_ratio, write_report
 from .proxy import (
@@ -120,11 +119,11 @@ def minrelay_behind_bpf(lab, stack: ExitStack) -> None:
     share is the interception's and the kernel's; what goes is HAProxy's own."""
     apply(lab, replaced(f":{LISTEN_PORT} ", f":{LISTEN_PORT + 1} "))   # both binds, IPv4 and IPv6
     ns = lab.netns("pep")
-    wait_until(lambda: not listening(ns), timeout=10, what=f"HAProxy off port {LISTEN_PORT} after the reload")
+    wait_for(lambda: not listening(ns), timeout=10, what=f"HAProxy off port {LISTEN_PORT} after the reload")
     relay = lab.popen("pep", MINRELAY, str(LISTEN_PORT), str(os.cpu_count() or 1))
     stack.callback(relay.wait, timeout=10)
     stack.callback(relay.terminate)   # its recorded PID; its workers die with it (PR_SET_PDEATHSIG)
-    wait_until(lambda: "minrelay" in listening(ns), timeout=10, what=f"minrelay listening on {LISTEN_PORT}")
+    wait_for(lambda: "minrelay" in listening(ns), timeout=10, what=f"minrelay listening on {LISTEN_PORT}")
 
 
 # name: (what it is, how the lab is changed after it is up).
@@ -137,7 +136,7 @@ ENGINE_CANDIDATES = {
 def apply(lab, change: Callable[[str], str]) -> None:
     """Change the lab's rendered HAProxy config and have the supervisor reload it."""
     cfg = configmod.load(os.path.join(lab.run_dir, "pep.toml"))
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     with open(n.haproxy_cfg) as f:
         text = f.read()
     new = change(text)

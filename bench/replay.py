@@ -20,7 +20,8 @@ import sys
 import tempfile
 from contextlib import ExitStack
 
-from netns.handle import REPO, wait_until
+from netns.handle import REPO
+from pepctl.runner import wait_for
 
 from .common import git_rev, labs, median, paired_ratio, write_report
 from .proxy import wrk
@@ -63,8 +64,8 @@ def main() -> int:
             lab.run("origin", "ip", "addr", "add", f"198.19.0.{i}/24", "dev", "eth0")
         server = lab.popen("origin", REPLAY, "server", "--profile", profile, "--duration", "3600", "--quiet")
         try:
-            wait_until(lambda: lab.run("origin", "ss", "-Hltn", "sport = :80", check=False).stdout.count("\n") >= 11,
-                       timeout=5, what="pep-replay server listening")
+            wait_for(lambda: lab.run("origin", "ss", "-Hltn", "sport = :80", check=False).stdout.count("\n") >= 11,
+                     timeout=5, what="pep-replay server listening")
             for rep in range(args.reps):
                 for tool in ("wrk", "pep-replay") if rep % 2 == 0 else ("pep-replay", "wrk"):
                     if tool == "wrk":

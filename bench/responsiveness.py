@@ -15,7 +15,7 @@ Each run, for SECONDS (3G profiles: 45 s, MIN_SECONDS):
               time), and that as a share of what the link offered over the same seconds (a trace's
               opportunities, or a fixed rate)
   small       a 1 KB request-response on a connection of its own every 200 ms, on a fixed schedule
-              (bench/probe_requests.py: a slow one does not hold back the next): its time from
+              (netns/probe_requests.py: a slow one does not hold back the next): its time from
               connect to the last byte: p50, p95, p99 of every rep's requests together
   page        30 objects over 6 connections (curl --parallel: 10 of 100 KB, 20 of 1 KB), started
               3 s into the download: its completion time
@@ -28,27 +28,18 @@ goodput over one run's time, and a markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
-import subprocess
 import sys
-import threading
-import time
 from contextlib import ExitStack
 
 from linkem import profiles as link_profiles
-from netns.handle import PYTHON, REPO, LabHandle
+from netns.handle import LabHandle
+from netns.workloads import link_words, one_run, profile_label, set_mode, set_profile, small_percentiles
 
 from .common import RESULTS, git_rev, labs, median, write_report
-from .pep_gain import set_mode
 
-ORIGIN = "198.19.0.10"
-CLIENT = "198.18.0.10"
-URL = f"http://{ORIGIN}"
-PROBE_INTERVAL = 0.2   # a 1 KB request every 200 ms, on a connection of its own
-PAGE = [f"{URL}/{obj}?{i}" for i, obj in enumerate(["100k"] * 10 + ["1k"] * 20)]   # 30 objects, about 1 MB
 TRACE_PROFILES = ["lte-trace", "5g-trace", "3g-trace", "drive-trace"]
 LOSSY_PROFILES = ["lte", "3g", "wifi-lossy"]
 PROFILES = TRACE_PROFILES + LOSSY_PROFILES
@@ -61,33 +52,6 @@ MIN_SECONDS = {"3g-trace": 45.0, "3g": 45.0}
 P95_OVER_IDLE_MS = {"3g-trace": 300.0, "3g": 300.0}
 P95_OVER_IDLE_DEFAULT_MS = 150.0
 GOODPUT_OVER_E2E = 0.85
-
-
-# A profile may also be an operator's own recording: trace:PATH runs PATH.down and PATH.up (mahimahi's
-# format) at 50 ms base RTT behind 500 ms drop-tail buffers, as a radio link the profiles don't hold.
-TRACE_PREFIX = "trace:"
-TRACE_WORDS = ["delay=25", "limit_ms=500"]
-
-
-def link_words(profile: str) -> list[str]:
-    """What `pep-lab link` takes for a profile: its name, or for trace:PATH the words of PATH's traces."""
-    if not profile.startswith(TRACE_PREFIX):
-        return [profile]
-    path = profile[len(TRACE_PREFIX):]
-    for ext in ("down", "up"):
-        if not os.path.isfile(f"{path}.{ext}"):
-            raise SystemExit(f"bench responsiveness: --profiles {profile}: no {path}.{ext} (a mahimahi trace)")
-    return ["none", f"down.trace={path}.down", f"up.trace={path}.up", *TRACE_WORDS]
-
-
-def set_profile(lab: LabHandle, profile: str) -> None:
-    proc = lab.run_pep_lab("link", *link_words(profile))
-    assert proc.returncode == 0, proc.stderr
-
-
-def percentile(xs: list[float], p: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))] if s else float("nan")
 
 
 def offered_mbps(profile: str, seconds: float) -> float | None:
@@ -107,79 +71,6 @@ def offered_mbps(profile: str, seconds: float) -> float | None:
         m = re.fullmatch(r"([\d.]+)([kMG]?)(?:bit|bps)?", rate)
         return float(m.group(1)) * {"": 1e-6, "k": 1e-3, "M": 1.0, "G": 1e3}[m.group(2)] if m else None
     return None
-
-
-def one_run(lab: LabHandle, seconds: float, load: bool = True, bbr_estimates: bool = False) -> dict:
-    """Small requests on a fixed schedule; with load, the bulk download beside them and a page load 3 s in.
-    bbr_estimates: also BBR's bandwidth estimate of the download's socket toward the client, every 0.5 s."""
-    bulk = lab.popen("client", "curl", "-s", "-o", "/dev/null", "-m", f"{seconds:g}", "-w",
-                     "%{size_download} %{time_total}", f"{URL}/1g") if load else None
-    probe = lab.popen("client", PYTHON, "-m", "bench.probe_requests", ORIGIN, "--seconds", f"{seconds - 1:g}",
-                      "--interval", f"{PROBE_INTERVAL:g}", cwd=REPO)
-    received: list[tuple[float, int]] = []   # (offset s, bytes the client has received)
-    stop = threading.Event()
-    sampler = threading.Thread(target=sample_received, args=(lab, received, stop))
-    sampler.start()
-    estimates: list[float] = []
-    estimator = threading.Thread(target=sample_bbr_bw, args=(lab, estimates, stop)) if bbr_estimates else None
-    if estimator:
-        estimator.start()
-    page_s = float("nan")
-    if load:
-        time.sleep(3)
-        t = time.monotonic()
-        out = lab.run("client", "curl", "-s", "--parallel", "--parallel-max", "6", "-m", f"{seconds:g}",
-                      *[a for u in PAGE for a in ("-o", "/dev/null", u)], check=False, timeout=seconds + 30)
-        page_s = time.monotonic() - t if out.returncode == 0 else float("nan")
-    probed = json.loads(probe.communicate(timeout=seconds + 30)[0])
-    bulk_mbps = 0.0
-    if bulk is not None:
-        size, secs = (float(x) for x in bulk.communicate(timeout=seconds + 30)[0].split())
-        bulk_mbps = size * 8 / secs / 1e6 if secs else 0.0
-    stop.set()
-    sampler.join()
-    if estimator:
-        estimator.join()
-    times = [x for _, x in probed["samples"]]
-    return {"bulk_mbps": bulk_mbps, **small_percentiles(times), "small_count": len(times),
-            "bbr_bw_mbps": estimates,
-            "small_failed": probed["failed"], "page_s": page_s, "small_series": probed["samples"],
-            "goodput_series": rate_series(received)}
-
-
-def sample_received(lab: LabHandle, into: list, stop: threading.Event) -> None:
-    """Every 500 ms, the bytes the client's interfaces have received (/proc/net/dev of its netns)."""
-    started = time.monotonic()
-    while not stop.wait(0.5):
-        lines = lab.run("client", "cat", "/proc/net/dev").stdout.splitlines()[2:]
-        names_counters = [line.split(":", 1) for line in lines]
-        into.append((time.monotonic() - started,
-                     sum(int(counters.split()[0]) for name, counters in names_counters if name.strip() != "lo")))
-
-
-BBR_BW = re.compile(r"bbr:\(bw:([\d.]+)([KMG]?)bps")
-
-
-def sample_bbr_bw(lab: LabHandle, into: list, stop: threading.Event) -> None:
-    """Every 500 ms, the largest BBR bandwidth estimate (Mbit/s) among the proxy's sockets toward the
-    client: the download's (`ss -tin` in the graph's namespace, entered with nsenter)."""
-    argv = ["nsenter", f"--net=/run/netns/{lab.netns('pep')}", "ss", "-tin", "dst", CLIENT]
-    scale = {"": 1e-6, "K": 1e-3, "M": 1.0, "G": 1e3}
-    while not stop.wait(0.5):
-        out = subprocess.run(argv, capture_output=True, text=True).stdout
-        found = [float(v) * scale[unit] for v, unit in BBR_BW.findall(out)]
-        if found:
-            into.append(max(found))
-
-
-def rate_series(received: list[tuple[float, int]]) -> list[list[float]]:
-    """(offset s, Mbit/s) between consecutive samples."""
-    return [[round(t1, 2), round((b1 - b0) * 8 / (t1 - t0) / 1e6, 3)]
-            for (t0, b0), (t1, b1) in zip(received, received[1:], strict=False)]
-
-
-def small_percentiles(times: list[float]) -> dict:
-    return {f"small_p{p}_ms": percentile(times, p) * 1000 for p in (50, 95, 99)}
 
 
 def summarize(samples: list[dict]) -> dict:
@@ -222,7 +113,7 @@ def run_profiles(lab: dict[str, LabHandle], profiles: list[str], transports: lis
     results = []
     for profile in profiles:
         secs = max(seconds, MIN_SECONDS.get(profile, 0.0))
-        label = os.path.basename(profile) if profile.startswith(TRACE_PREFIX) else profile
+        label = profile_label(profile)
         samples: dict[str, list[dict]] = {m: [] for m in modes}
         for rep in range(reps):
             for mode in modes[rep % len(modes):] + modes[:rep % len(modes)]:
@@ -244,8 +135,8 @@ def run_profiles(lab: dict[str, LabHandle], profiles: list[str], transports: lis
             # Radio links deliver in grants: BBR's max filter reads their bursts as capacity (issue 24).
             print(f"{label:12} BBR's bandwidth estimate (median): {bbr_over:.2f} x what the link offered", flush=True)
         results.append({"profile": label, "link": link_words(profile), "seconds": secs, "offered_mbps": offered,
-                        "bbr_estimate_over_offered": bbr_over, "samples": samples, "medians": med,
-                        "verdicts": verdicts(profile, med, offered)})
+                        "bbr_estimate_over_offered": bbr_over, "samples": samples,
+                        "medians": med, "verdicts": verdicts(profile, med, offered)})
     return results
 
 

@@ -26,13 +26,12 @@ import subprocess
 import time
 from contextlib import ExitStack
 
+from netns.addresses import ORIGIN4
 from netns.handle import PYTHON, LabHandle
 from netns.lab import extra_graph
 
 from .common import exporter_cpu_seconds, git_rev, labs, median, paired_ratio, process_cpu_seconds, write_report
 from .steering import udp_small_pps
-
-ORIGIN = "198.19.0.10"
 
 
 def mem_available_kib() -> int:
@@ -103,7 +102,7 @@ def graph_sweep(lab: LabHandle, counts: list[int], idle: float) -> dict:
 def hold(lab: LabHandle, count: int) -> dict:
     """Memory of count idle connections from the client to the origin, through this lab."""
     before = settled_mem(2)
-    proc = lab.popen("client", PYTHON, "-m", "bench.hold_connections", ORIGIN, "80", str(count), "--hold", "120",
+    proc = lab.popen("client", PYTHON, "-m", "bench.hold_connections", ORIGIN4, "80", str(count), "--hold", "120",
                      stdin=subprocess.PIPE)
     try:
         got = json.loads(proc.stdout.readline())

@@ -30,7 +30,8 @@ import threading
 import time
 from contextlib import ExitStack
 
-from netns import cluster
+from netns import addresses
+from netns.addresses import ORIGIN4
 from netns.handle import PEPCTL, PYTHON, REPO
 from pepctl import config as configmod
 from pepctl import routing
@@ -49,7 +50,7 @@ PROBE_EVERY = 0.02    # s: the probe opens a connection this often, whatever the
 
 
 def add_addresses(lab) -> None:
-    have = {cluster.client_address(k) for k in range(cluster.SHARES)}
+    have = {addresses.client_address(k) for k in range(addresses.SHARES)}
     batch = "".join(f"addr add 198.18.0.{i}/24 dev eth0\n" for i in range(11, 251) if f"198.18.0.{i}" not in have)
     subprocess.run(in_netns(lab.netns("client"), ["ip", "-batch", "-"]), input=batch, text=True, check=True)
     batch = "".join(f"addr add 198.19.0.{i}/24 dev eth0\n" for i in range(11, 21))
@@ -90,8 +91,8 @@ def under_load(lab, profile: str, conns: int, event, probe_share: int | None = N
     load = threading.Thread(target=lambda: result.update(replay(lab, profile, EVENT_SECONDS, conns)))
     probe = None
     if probe_share is not None:
-        probe = lab.popen("client", PYTHON, LOADGEN, "--dst", "198.19.0.10", "--src",
-                          cluster.client_address(probe_share), "--duration", str(EVENT_SECONDS), "--workers", "0",
+        probe = lab.popen("client", PYTHON, LOADGEN, "--dst", ORIGIN4, "--src",
+                          addresses.client_address(probe_share), "--duration", str(EVENT_SECONDS), "--workers", "0",
                           "--long-every", str(PROBE_EVERY), "--long-requests", "1", "--timeout", "5")
         probe.stdout.readline()
     load.start()

@@ -27,7 +27,6 @@ intercept with nft: bfdd's packet socket rules out bpf (docs/routing.md).
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import os
 import subprocess
@@ -39,104 +38,52 @@ from pepctl.names import in_netns
 from pepctl.plan import mkdir_step
 from pepctl.runner import Call, Journal, Step, action, daemon_step, wait_for
 
-from .lab import (
+from .addresses import (
+    ANCHORS,
     CLIENT,
+    CLIENT4,
+    HOST_ASN_BASE,
+    ORIGIN,
+    ORIGIN4,
+    ORIGIN_URL4,
+    ROUTER_ASN,
+    SEGMENT,
+    SHARES,
+    SUBSCRIBERS,
+    client_address,
+    host_address,
+    router_address,
+)
+from .configs import cluster_host, toml_text
+from .lab import (
     DEFAULT_CONGESTION,
     END_HOST_SYSCTLS,
-    ORIGIN,
-    REPO,
+    PEPCTL,
     STATE_DIR,
     Lab,
     node_netns,
     pepctl_up_step,
     quiet_port_steps,
     switch_steps,
+    sysctl_step,
 )
 
 HOSTS_MAX = 4
-SHARES = 8
-SUBSCRIBERS = ipaddress.IPv4Network("198.18.0.0/24")
-ANCHORS = ipaddress.IPv4Network("198.18.96.0/27")
-ROUTER_ASN = {"ra": 65001, "ro": 65002}
-HOST_ASN_BASE = 65010
 SHARE_TABLE_BASE = 100     # ra: share k's routes are in table 100+k
 SHARE_RULE_PREF = 1000     # ... looked up by rule 1000+k
 BFD_INTERVAL_MS, BFD_MULTIPLIER = 100, 3
-SEGMENT = {"access": ipaddress.IPv4Network("198.18.64.0/24"), "origin": ipaddress.IPv4Network("198.19.64.0/24")}
-
-
-def router_address(side: str) -> ipaddress.IPv4Address:
-    return SEGMENT[side].network_address + 1
-
-
-def host_address(side: str, host: int) -> ipaddress.IPv4Address:
-    return SEGMENT[side].network_address + 10 + host
-
-
-def host_name(i: int) -> str:
-    return f"ph{i}"
-
-
-def client_address(share: int) -> str:
-    """The client's address in share k."""
-    return str(SUBSCRIBERS.network_address + 32 * share + 10)
 
 
 def pep_config(prefix: str, run_dir: str, i: int, hosts: int, opts: argparse.Namespace) -> str:
     """Host I's pepctl config: the lab's one graph on transit links, and the cluster in [routing]."""
-    ra, c_in = router_address("access"), host_address("access", i)
-    ro, s_in = router_address("origin"), host_address("origin", i)
-    members = ",\n".join(f'    {{ name = "{host_name(h)}", access = "{host_address("access", h)}", '
-                          f'origin = "{host_address("origin", h)}" }}' for h in range(1, hosts + 1))
-    return f"""# Proxy host {i} of the lab's cluster. Written by pep-lab up --hosts {hosts}.
-[host]
-instance = "{prefix}{i}"
-nic = "nic0"
-run_dir = "{run_dir}/pep"
-bpf_dir = "/sys/fs/bpf/{prefix}{i}"
-supervisor = "pepctl"
-metrics_port = {0 if opts.no_metrics else 9101}
-
-[host.tuning]
-irq_affinity = false
-rss_symmetric = false
-
-[[graph]]
-name = "pep"
-[graph.access]
-vlan = 100
-addresses = ["{c_in}/{SEGMENT["access"].prefixlen}"]
-prefixes = ["{SUBSCRIBERS}"]
-gateways = ["{ra}"]
-congestion = "{getattr(opts, "congestion", DEFAULT_CONGESTION)}"
-[graph.origin]
-vlan = 200
-addresses = ["{s_in}/{SEGMENT["origin"].prefixlen}"]
-prefixes = ["0.0.0.0/0"]
-gateways = ["{ro}"]
-[graph.proxy]
-interception = "{opts.interception}"
-splice = "{opts.splice}"
-
-[routing]
-asn = {HOST_ASN_BASE + i}
-host = "{host_name(i)}"
-hosts = [
-{members},
-]
-subscribers = "{SUBSCRIBERS}"
-shares = {SHARES}
-anchors = "{ANCHORS}"
-bfd = {{ interval_ms = {BFD_INTERVAL_MS}, multiplier = {BFD_MULTIPLIER} }}
-[[routing.peer]]
-side = "access"
-address = "{ra}"
-asn = {ROUTER_ASN["ra"]}
-[[routing.peer]]
-side = "origin"
-address = "{ro}"
-asn = {ROUTER_ASN["ro"]}
-"""
+    doc = cluster_host(i, hosts, instance=f"{prefix}{i}", nic="nic0", name="pep",
+                       host={"run_dir": f"{run_dir}/pep", "bpf_dir": f"/sys/fs/bpf/{prefix}{i}", "supervisor": "pepctl",
+                             "metrics_port": 0 if opts.no_metrics else 9101,
+                             "tuning": {"irq_affinity": False, "rss_symmetric": False}},
+                       congestion=getattr(opts, "congestion", DEFAULT_CONGESTION),
+                       proxy={"interception": opts.interception, "splice": opts.splice},
+                       routing={"bfd": {"interval_ms": BFD_INTERVAL_MS, "multiplier": BFD_MULTIPLIER}})
+    return f"# Proxy host {i} of the lab's cluster. Written by pep-lab up --hosts {hosts}.\n" + toml_text(doc)
 
 
 def router_bgpd(router: str, router_id: str) -> str:
@@ -256,10 +203,9 @@ class ClusterLab(Lab):
             r = n[router]
             steps += [Step(f"bring up {r}/lo", ["ip", "-n", r, "link", "set", "lo", "up"]),
                       Step(f"address {lan[2]}/24 on {r}/eth0", ["ip", "-n", r, "addr", "add", f"{lan[2]}/24",
-                                                               "dev", "eth0"]),
+                                                                "dev", "eth0"]),
                       Step(f"bring up {r}/eth0", ["ip", "-n", r, "link", "set", "eth0", "up"]),
-                      Step(f"forwarding in {r}", ["ip", "netns", "exec", r, "sysctl", "-q", "-w",
-                                                  "net.ipv4.ip_forward=1"]),
+                      sysctl_step(r, "net.ipv4.ip_forward=1", f"forwarding in {r}"),
                       Step(f"bridge {r}/hosts", ["ip", "-n", r, "link", "add", "hosts", "type", "bridge"]),
                       Step(f"address {router_address(side)} on {r}/hosts",
                            ["ip", "-n", r, "addr", "add", f"{router_address(side)}/{SEGMENT[side].prefixlen}",
@@ -281,7 +227,7 @@ class ClusterLab(Lab):
         for router, port in (("ra", "p-client"), ("ro", "p-origin")):
             r = self.netns(router)
             steps += [Step(f"cable {r}/h{i} <-> {sw}/{port}", ["ip", "-n", r, "link", "add", f"h{i}", "type", "veth",
-                                                              "peer", "name", port, "netns", sw],
+                                                               "peer", "name", port, "netns", sw],
                            undo=["ip", "-n", r, "link", "del", f"h{i}"]),
                       Step(f"{r}/h{i} into the bridge", ["ip", "-n", r, "link", "set", f"h{i}", "master", "hosts"]),
                       Step(f"bring up {r}/h{i}", ["ip", "-n", r, "link", "set", f"h{i}", "up"])]
@@ -324,7 +270,7 @@ class ClusterLab(Lab):
         self.journal.update_meta(hosts=i)
         for h in range(1, i):
             runner.write_file(self.host_config(h), pep_config(self.prefix, self.run_dir, h, i, opts))
-            pepctl = [os.path.join(REPO, "scripts", "pepctl"), "-c", self.host_config(h), "reload"]
+            pepctl = [PEPCTL, "-c", self.host_config(h), "reload"]
             out = subprocess.run(in_netns(self.netns(f"ph{h}"), pepctl), capture_output=True, text=True)
             for line in (out.stdout + out.stderr).strip().splitlines():
                 print(f"  host {h}: {line}")
@@ -361,11 +307,10 @@ class ClusterLab(Lab):
                       Step(f"bring up {ns}/eth0", ["ip", "-n", ns, "link", "set", "eth0", "up"]),
                       Step(f"default route of {ns}", ["ip", "-n", ns, "route", "add", "default", "via", gw4,
                                                       "congctl", "cubic"])]
-            steps += [Step(f"{key} in {ns}", ["ip", "netns", "exec", ns, "sysctl", "-q", "-w", f"{key}={value}"])
-                      for key, value in END_HOST_SYSCTLS]
+            steps += [sysctl_step(ns, f"{key}={value}") for key, value in END_HOST_SYSCTLS]
         # One client address in every share: a test picks a share by its source address.
         steps += [Step(f"client address {client_address(k)}", ["ip", "-n", n["client"], "addr", "add",
-                                                                 f"{client_address(k)}/24", "dev", "eth0"])
+                                                               f"{client_address(k)}/24", "dev", "eth0"])
                   for k in range(1, SHARES)]
         return steps
 
@@ -386,7 +331,7 @@ class ClusterLab(Lab):
                 if daemon in confs:
                     vty = routing.frr_file(folder, daemon, "vty")
                     steps.append(daemon_step(f"start FRR {daemon} in {n[router]}",
-                                             ["ip", "netns", "exec", n[router], *routing.daemon_argv(daemon, folder)],
+                                             in_netns(n[router], [*routing.daemon_argv(daemon, folder)]),
                                              routing.frr_file(folder, daemon, "pid"),
                                              routing.frr_file(folder, daemon, "out"),
                                              lambda vty=vty: os.path.exists(vty)))
@@ -422,11 +367,11 @@ class ClusterLab(Lab):
 
     def print_topology(self) -> None:
         p = self.prefix
-        print(f"\n  {p}-client 198.18.0.10 (+ .42 .74 ... one per share) -- {p}-ra (access router) --+")
+        print(f"\n  {p}-client {CLIENT4} (+ .42 .74 ... one per share) -- {p}-ra (access router) --+")
         for i in range(1, self.hosts + 1):
             print(f"      h{i} -- {p}-sw{i} == {p}-ph{i} [pepctl {p}{i}: graph {p}{i}-pep, FRR AS "
                   f"{HOST_ASN_BASE + i}]")
-        print(f"  {p}-origin 198.19.0.10 nginx :80 -- {p}-ro (origin router) -- h1..h{self.hosts}")
+        print(f"  {p}-origin {ORIGIN4} nginx :80 -- {p}-ro (origin router) -- h1..h{self.hosts}")
         print(f"\n  try: ./scripts/pep-lab exec client -- curl -s --interface {client_address(3)} "
-              "http://198.19.0.10/\n       ./scripts/pep-lab exec ro -- vtysh --vty_socket "
+              f"{ORIGIN_URL4}/\n       ./scripts/pep-lab exec ro -- vtysh --vty_socket "
               f"{self.frr_folder('ro')} -c 'show ip bgp'")

@@ -28,7 +28,7 @@ import subprocess
 import sys
 
 from pepctl import config as configmod
-from pepctl.names import graph_names, in_netns, instance_names
+from pepctl.names import in_netns
 from pepctl.plan import interception_lines
 from pepctl.render_nft import render_nft
 from pepctl.runner import Call, Step, daemon_step
@@ -73,8 +73,8 @@ def steps(engine: str, config_text: str, config: str, run_dir: str, workers: int
     config is where pepctl's config will be, config_text what it will say."""
     cfg = configmod.parse(config_text, config)
     g = intercepting(cfg.graphs[0], ports)
-    ns = graph_names(cfg, cfg.graphs[0]).netns
-    table = f"{engine}_{instance_names(cfg).instance}"
+    ns = cfg.graph_names(cfg.graphs[0]).netns
+    table = f"{engine}_{cfg.instance_names().instance}"
     nft = render_nft(g, table=table)
     return [
         Step(f"nft interception table {table} in {ns}", in_netns(ns, ["nft", "-f", "-"]), input=nft),

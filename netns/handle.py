@@ -10,8 +10,12 @@ import sys
 import threading
 import time
 
+from netns.addresses import ORIGIN_URL4
+from netns.configs import one_graph, second_graph, toml_text
 from netns.lab import node_netns
-from pepctl.runner import Journal
+from pepctl import config as configmod
+from pepctl.names import in_netns
+from pepctl.runner import Journal, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEP_LAB = os.path.join(REPO, "scripts", "pep-lab")
@@ -53,8 +57,14 @@ class LabHandle:
     def netns(self, node: str) -> str:
         return node_netns(f"pl{self.rid}", node)
 
+    def config(self) -> configmod.Config:
+        """The proxy host's pepctl config, as the lab wrote it: its names are cfg.instance_names()."""
+        return configmod.load(os.path.join(self.run_dir, "pep.toml"))
+
     def argv(self, node: str, *cmd: str) -> list[str]:
-        return ["ip", "netns", "exec", self.netns(node), *cmd]
+        """cmd in the node's network namespace only (nsenter --net, as pep-lab exec): it sees the host's
+        /sys and mounts, so BPF pins under /sys/fs/bpf stay in view."""
+        return in_netns(self.netns(node), list(cmd))
 
     def run(self, node: str, *cmd: str, check: bool = True, timeout: float = 30, text: bool = True, **kw):
         proc = subprocess.run(self.argv(node, *cmd), capture_output=True, text=text, timeout=timeout, **kw)
@@ -74,7 +84,7 @@ class LabHandle:
         def find():
             with open(path) as f:
                 return next((line.split()[0] for line in f if tag in line), None)
-        return wait_until(find, timeout=timeout, what=f"origin access log line for {tag}")
+        return wait_for(find, timeout=timeout, what=f"origin access log line for {tag}")
 
     def reload_under_load(self, configs: list[str], seconds: float = 4, pause: float = 0.5, inspect=None):
         """Reloads the proxy host with each config text in turn while wrk makes new 1 KB transactions
@@ -85,7 +95,7 @@ class LabHandle:
             original = f.read()
         out: dict = {}
         load = threading.Thread(target=lambda: out.update(wrk=self.run(
-            "client", "wrk", "-t1", "-c8", f"-d{seconds:g}s", "-H", "Connection: close", "http://198.19.0.10/1k",
+            "client", "wrk", "-t1", "-c8", f"-d{seconds:g}s", "-H", "Connection: close", f"{ORIGIN_URL4}/1k",
             timeout=seconds + 30).stdout))
         load.start()
         try:
@@ -119,8 +129,7 @@ class LabHandle:
         return proc.stdout
 
     def pepctl(self, *args: str, check: bool = True, timeout: float = 120):
-        cmd = ["nsenter", f"--net=/run/netns/{self.netns('proxyhost')}", PEPCTL, "-c",
-               os.path.join(self.run_dir, "pep.toml"), *args]
+        cmd = self.argv("proxyhost", PEPCTL, "-c", os.path.join(self.run_dir, "pep.toml"), *args)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"pepctl {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
@@ -136,51 +145,18 @@ def metric_value(text: str, name: str, **labels) -> float | None:
     return None
 
 
-def wait_until(cond, *, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
 # -- a bare proxy host, for pepctl's own tests ----------------------------------------------------
-# A one-graph config with {inst} for the instance; tests add to it.
-BASE = """
-[host]
-instance = "{inst}"
-nic = "nic0"
-run_dir = "/run/{inst}"
-bpf_dir = "/sys/fs/bpf/{inst}"
-supervisor = "pepctl"
-[host.tuning]
-irq_affinity = true
-rss_symmetric = true
-[[graph]]
-name = "g1"
-[graph.access]
-vlan = 100
-addresses = ["198.18.0.1/24", "2001:2:0:1::1/64"]
-[graph.origin]
-vlan = 200
-addresses = ["198.19.0.1/24", "2001:2:0:2::1/64"]
-[graph.proxy]
-ports = [80, "8000-8080"]
-"""
+def bare_host_config(inst: str = "{inst}") -> dict:
+    """The one-graph config of a bare host's instance inst; tests change what they need."""
+    return one_graph(inst, "nic0", host={"run_dir": f"/run/{inst}", "bpf_dir": f"/sys/fs/bpf/{inst}",
+                                         "supervisor": "pepctl",
+                                         "tuning": {"irq_affinity": True, "rss_symmetric": True}},
+                     proxy={"ports": [80, "8000-8080"]})
 
-SECOND_GRAPH = """
-[[graph]]
-name = "g2"
-[graph.access]
-vlan = 101
-addresses = ["198.18.1.1/24"]
-[graph.origin]
-vlan = 201
-addresses = ["198.19.1.1/24"]
-"""
+
+# As text, {inst} for the instance (BareHost.config fills it in); tests edit it or add to it.
+BASE = toml_text(bare_host_config())
+SECOND_GRAPH = "\n" + toml_text({"graph": [second_graph()]})
 
 
 class BareHost:
@@ -188,10 +164,11 @@ class BareHost:
         self.inst, self.ns, self.tmp = inst, ns, tmp
         self.configs: list[str] = []
 
-    def config(self, text: str, name: str = "pep.toml") -> str:
+    def config(self, text: str | dict, name: str = "pep.toml") -> str:
+        """A config file for this host: text with {inst} for the instance, or a config dict."""
         path = os.path.join(self.tmp, name)
         with open(path, "w") as f:
-            f.write(text.format(inst=self.inst))
+            f.write(toml_text(text) if isinstance(text, dict) else text.format(inst=self.inst))
         self.configs.append(path)
         return path
 

@@ -29,19 +29,33 @@ import string
 import subprocess
 import sys
 
+from linkem import profiles
 from pepctl import runner
 from pepctl.names import in_netns
 from pepctl.plan import mkdir_step, port_attach_batch, steer_ports_step, steering_load_steps, trunk_attach_step
 from pepctl.runner import Call, Journal, Step, daemon_step
 
 from . import engines
+from .addresses import (
+    ACCESS_ADDRESSES,
+    ACCESS_GW4,
+    ACCESS_VLAN,
+    CLIENT,
+    CLIENT4,
+    CLIENT6,
+    ORIGIN,
+    ORIGIN4,
+    ORIGIN6,
+    ORIGIN_ADDRESSES,
+    ORIGIN_GW4,
+    ORIGIN_URL4,
+    ORIGIN_VLAN,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATE_DIR = "/run/peplab"
+PEPCTL = os.path.join(REPO, "scripts", "pepctl")
 NODES = ("client", "switch", "proxyhost", "origin")
-ACCESS_VLAN, ORIGIN_VLAN = 100, 200
-CLIENT = ("198.18.0.10/24", "2001:2:0:1::10/64", "198.18.0.1", "2001:2:0:1::1")
-ORIGIN = ("198.19.0.10/24", "2001:2:0:2::10/64", "198.19.0.1", "2001:2:0:2::1")
 END_HOST_SYSCTLS = [
     ("net.ipv4.tcp_rmem", "4096 131072 33554432"),
     ("net.ipv4.tcp_wmem", "4096 65536 33554432"),
@@ -91,6 +105,10 @@ class Lab:
     def pep_config(self) -> str:
         return os.path.join(self.run_dir, "pep.toml")
 
+    def pepctl_argv(self, *args: str) -> list[str]:
+        """pepctl with the lab's config, in the proxy host (its network namespace only)."""
+        return in_netns(self.netns("proxyhost"), [PEPCTL, "-c", self.pep_config, *args])
+
     @property
     def switch_pins(self) -> str:
         return f"/sys/fs/bpf/{self.prefix}sw"
@@ -123,12 +141,10 @@ class Lab:
                 Step(f"IPv6 default route of {ns}", ["ip", "-6", "-n", ns, "route", "add", "default", "via", gw6,
                                                      "congctl", "cubic"]),
             ]
-        steps.append(Step(f"no DAD in {cl}", ["ip", "netns", "exec", cl, "sysctl", "-q", "-w",
-                                              "net.ipv6.conf.all.accept_dad=0"]))
+        steps.append(sysctl_step(cl, "net.ipv6.conf.all.accept_dad=0", f"no DAD in {cl}"))
         for ns in (cl, og):
             # Buffers big enough for a 600 ms satellite path at 100 Mbit/s.
-            steps += [Step(f"{key} in {ns}", ["ip", "netns", "exec", ns, "sysctl", "-q", "-w", f"{key}={value}"])
-                      for key, value in END_HOST_SYSCTLS]
+            steps += [sysctl_step(ns, f"{key}={value}") for key, value in END_HOST_SYSCTLS]
         steps += self.plain_core_steps() if opts.plain else self.steered_core_steps(opts)
         steps += self.origin_steps()
         return steps
@@ -139,7 +155,6 @@ class Lab:
         linkem moves frames between its two veths in userspace (-a faces the client), with
         the profile's delay, jitter, loss and rate (this kernel has no netem). The
         veths' far ends must not hand it 64 KB TSO/GSO frames: offloads off there."""
-        from linkem import profiles
         link, cl, sw = self.netns("link"), self.netns("client"), self.netns("switch")
         profiles.profile_words(profile)   # an unknown profile fails here, before anything is made
         return [
@@ -148,21 +163,19 @@ class Lab:
                                            "peer", "name", "eth0", "netns", cl]),
             Step("cable link <-> switch", ["ip", "-n", link, "link", "add", "to-switch", "type", "veth",
                                            "peer", "name", "p-client", "netns", sw]),
-            Step(f"no IPv6 in {link}", ["ip", "netns", "exec", link, "sysctl", "-q", "-w",
-                                        "net.ipv6.conf.all.disable_ipv6=1"]),
+            sysctl_step(link, "net.ipv6.conf.all.disable_ipv6=1", f"no IPv6 in {link}"),
             *[Step(f"bring up {link}/{d}", ["ip", "-n", link, "link", "set", d, "up"])
               for d in ("to-client", "to-switch")],
-            Step(f"no TSO/GSO on {cl}/eth0", ["ip", "netns", "exec", cl, *profiles.peer_offload_argv("eth0")]),
-            Step(f"no TSO/GSO on {sw}/p-client", ["ip", "netns", "exec", sw, *profiles.peer_offload_argv("p-client")]),
+            Step(f"no TSO/GSO on {cl}/eth0", in_netns(cl, profiles.peer_offload_argv("eth0"))),
+            Step(f"no TSO/GSO on {sw}/p-client", in_netns(sw, profiles.peer_offload_argv("p-client"))),
             daemon_step(f"start linkem in {link} (profile {profile})",
-                        ["ip", "netns", "exec", link,
-                         *profiles.linkem_argv("to-client", "to-switch", profile=profile, ctl=self.linkem_ctl)],
+                        in_netns(link, profiles.linkem_argv("to-client", "to-switch", profile=profile,
+                                                            ctl=self.linkem_ctl)),
                         os.path.join(self.run_dir, "linkem.pid"), os.path.join(self.run_dir, "linkem.log"),
                         lambda: os.path.exists(self.linkem_ctl) and _linkem_answers(self.linkem_ctl)),
         ]
 
     def set_link(self, profile: str, overrides: list[str]) -> int:
-        from linkem import profiles
         if not self.journal.exists:
             print(f"pep-lab link: lab {self.name} is not up", file=sys.stderr)
             return 1
@@ -189,7 +202,7 @@ class Lab:
             return steps     # the proxy host is someone else's: a container booted in its namespace
         text = self.render_pep(opts)
         steps.append(Step("write the proxy host's pepctl config", Call("write", (self.pep_config, text),
-                                                                        self.pep_config)))
+                                                                       self.pep_config)))
         steps.append(pepctl_up_step(ph, self.pep_config))
         engine = getattr(opts, "proxy_engine", "haproxy")
         if engine in engines.ENGINES:
@@ -203,8 +216,8 @@ class Lab:
         sw, ph, pep = self.netns("switch"), self.netns("proxyhost"), self.netns("pep")
         steps = [Step(f"create namespace {pep}", ["ip", "netns", "add", pep], undo=["ip", "netns", "del", pep])]
         for side, port, trunk, nic, out, inn, addrs in (
-                ("a", "p-client", "trunk-a", "nic0a", "c_out", "c_in", ("198.18.0.1/24", "2001:2:0:1::1/64")),
-                ("o", "p-origin", "trunk-o", "nic0o", "s_out", "s_in", ("198.19.0.1/24", "2001:2:0:2::1/64"))):
+                ("a", "p-client", "trunk-a", "nic0a", "c_out", "c_in", ACCESS_ADDRESSES),
+                ("o", "p-origin", "trunk-o", "nic0o", "s_out", "s_in", ORIGIN_ADDRESSES)):
             steps += [
                 Step(f"cable {trunk} <-> {nic}", ["ip", "-n", sw, "link", "add", trunk, "type", "veth",
                                                   "peer", "name", nic, "netns", ph]),
@@ -223,10 +236,9 @@ class Lab:
             steps.append(Step(f"bring up {pep}/{inn}", ["ip", "-n", pep, "link", "set", inn, "up"]))
         for ns in (sw, ph):
             # Bridged frames skip netfilter, as the steered ones do.
-            steps.append(Step(f"no bridge netfilter in {ns}", ["ip", "netns", "exec", ns, "sysctl", "-q", "-w",
-                                                                "net.bridge.bridge-nf-call-iptables=0"],
-                              tolerate=("No such file", "cannot stat")))
-        steps += [Step(f"forwarding in {pep}", ["ip", "netns", "exec", pep, "sysctl", "-q", "-w", key])
+            steps.append(sysctl_step(ns, "net.bridge.bridge-nf-call-iptables=0", f"no bridge netfilter in {ns}",
+                                     tolerate=("No such file", "cannot stat")))
+        steps += [sysctl_step(pep, key, f"forwarding in {pep}")
                   for key in ("net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")]
         return steps
 
@@ -257,22 +269,23 @@ class Lab:
         og = self.netns("origin")
         www = os.path.join(self.run_dir, "www")
         conf = os.path.join(self.run_dir, "nginx.conf")
+        nginx_conf = NGINX_CONF.format(run=self.run_dir, www=www, origin4=ORIGIN4, origin6=ORIGIN6)
 
         def nginx_ready() -> bool:
-            probe = ["ip", "netns", "exec", og, "curl", "-s", "-o", "/dev/null", "-m", "1", "http://198.19.0.10/"]
+            probe = in_netns(og, ["curl", "-s", "-o", "/dev/null", "-m", "1", f"{ORIGIN_URL4}/"])
             return subprocess.run(probe, capture_output=True).returncode == 0
 
         return [
             Step(f"origin folder {www}", ["mkdir", "-p", www]),
             Step("origin index page", Call("write", (os.path.join(www, "index.html"),
-                                                     "PEP lab origin: hello from 198.19.0.10\n"), "index.html")),
+                                                     f"PEP lab origin: hello from {ORIGIN4}\n"), "index.html")),
             *[Step(f"origin object /{name} ({size} random bytes)",
                    ["sh", "-c", f"head -c {size} /dev/urandom > {os.path.join(www, name)}"])
               for name, size in OBJECT_SIZES.items()],
             Step(f"origin object /{ENDLESS_OBJECT[0]} ({ENDLESS_OBJECT[1]} bytes, sparse)",
                  ["truncate", "-s", str(ENDLESS_OBJECT[1]), os.path.join(www, ENDLESS_OBJECT[0])]),
-            Step("write nginx config", Call("write", (conf, NGINX_CONF.format(run=self.run_dir, www=www)), conf)),
-            daemon_step(f"start nginx in {og}", ["ip", "netns", "exec", og, "nginx", "-c", conf, "-g", "daemon off;"],
+            Step("write nginx config", Call("write", (conf, nginx_conf), conf)),
+            daemon_step(f"start nginx in {og}", in_netns(og, ["nginx", "-c", conf, "-g", "daemon off;"]),
                         os.path.join(self.run_dir, "nginx.pid"), os.path.join(self.run_dir, "nginx.out"),
                         nginx_ready),
         ]
@@ -327,13 +340,13 @@ class Lab:
     def print_topology(self) -> None:
         p = self.prefix
         print(f"""
-  {p}-client  198.18.0.10 2001:2:0:1::10
+  {p}-client  {CLIENT4} {CLIENT6}
       |  eth0 -- p-client (untagged; switch tags VLAN {ACCESS_VLAN})
   {p}-switch  ==trunk== 802.1Q {ACCESS_VLAN},{ORIGIN_VLAN} ==nic0==  {p}-proxyhost
       |  eth0 -- p-origin (untagged; switch tags VLAN {ORIGIN_VLAN})        | c_out/s_out (tc BPF steering)
-  {p}-origin  198.19.0.10 2001:2:0:2::10  nginx :80        {p}-pep  c_in 198.18.0.1 | s_in 198.19.0.1
+  {p}-origin  {ORIGIN4} {ORIGIN6}  nginx :80        {p}-pep  c_in {ACCESS_GW4} | s_in {ORIGIN_GW4}
 
-  try: ./scripts/pep-lab exec client -- curl -s http://198.19.0.10/
+  try: ./scripts/pep-lab exec client -- curl -s {ORIGIN_URL4}/
        ./scripts/pep-lab status""")
 
     def status(self, as_json: bool) -> int:
@@ -344,11 +357,9 @@ class Lab:
         if self.journal.meta["options"].get("plain"):
             print(json.dumps({"lab": self.name, "run_id": self.rid, "plain": True, "namespaces": present}))
             return 0
-        pep = subprocess.run(in_netns(self.netns("proxyhost"), [os.path.join(REPO, "scripts", "pepctl"), "-c",
-                                      self.pep_config, "status", "--json"]), capture_output=True, text=True)
+        pep = subprocess.run(self.pepctl_argv("status", "--json"), capture_output=True, text=True)
         link = {}
         if self.has_link:
-            from linkem import profiles
             try:
                 link = {"setting": self.journal.meta.get("link") or
                         {"profile": self.journal.meta["options"]["link"], "overrides": []},
@@ -365,8 +376,7 @@ class Lab:
         print(f"lab {self.name} (run {self.rid}): {report['state']}")
         for n, v in report["namespaces"].items():
             print(f"  {n:<10} {v['name']:<20} {'present' if v['present'] else 'MISSING'}")
-        subprocess.run(in_netns(self.netns("proxyhost"), [os.path.join(REPO, "scripts", "pepctl"), "-c",
-                                self.pep_config, "status"]))
+        subprocess.run(self.pepctl_argv("status"))
         return 0
 
     def exec(self, node: str, argv: list[str]) -> int:
@@ -383,7 +393,11 @@ class Lab:
         if not argv:
             print("pep-lab exec: give a command after --", file=sys.stderr)
             return 2
-        os.execvp("ip", ["ip", "netns", "exec", ns, *argv])
+        # The node's network namespace only (nsenter --net): `ip netns exec` would give the command a
+        # mount namespace of its own, where `pepctl down`'s `ip netns del` removes a graph's namespace
+        # only for itself.
+        argv = in_netns(ns, argv)
+        os.execvp(argv[0], argv)
 
 
 MAX_GRAPHS = 2048
@@ -414,7 +428,7 @@ def switch_steps(sw: str, ph: str, pins: str) -> list[Step]:
     the proxy host's nic0. It runs the project's own steering programs, tagging its access ports
     (no 8021q here)."""
     steps = [Step(f"cable trunk {sw} <-> {ph}/nic0", ["ip", "-n", sw, "link", "add", "trunk", "type", "veth",
-                                                       "peer", "name", "nic0", "netns", ph])]
+                                                      "peer", "name", "nic0", "netns", ph])]
     steps += quiet_port_steps(((sw, "trunk"), (ph, "nic0")))
     # A host has its loopback up: HAProxy's exporter listens there (127.0.0.1:9101).
     steps.append(Step(f"bring up {ph}/lo", ["ip", "-n", ph, "link", "set", "lo", "up"]))
@@ -429,7 +443,7 @@ def switch_steps(sw: str, ph: str, pins: str) -> list[Step]:
 
 def pepctl_up_step(ph: str, config: str) -> Step:
     """The proxy host runs pepctl exactly as a real one does."""
-    pepctl = [os.path.join(REPO, "scripts", "pepctl"), "-c", config]
+    pepctl = [PEPCTL, "-c", config]
     return Step(f"pepctl up in {ph}", in_netns(ph, [*pepctl, "up"]), undo=in_netns(ph, [*pepctl, "down"]))
 
 
@@ -441,18 +455,21 @@ def node_netns(prefix: str, node: str) -> str:
     return f"{prefix}-{node}"
 
 
+def sysctl_step(ns: str, setting: str, what: str | None = None, tolerate: tuple[str, ...] = ()) -> Step:
+    """One sysctl (KEY=VALUE) in a node's namespace."""
+    return Step(what or f"{setting} in {ns}", in_netns(ns, ["sysctl", "-q", "-w", setting]), tolerate=tolerate)
+
+
 def quiet_port_steps(ports) -> list[Step]:
     """Links that carry frames, not addresses: no IPv6 link-local chatter, then up."""
     steps = []
     for ns, dev in ports:
-        steps.append(Step(f"no IPv6 on {ns}/{dev}", ["ip", "netns", "exec", ns, "sysctl", "-q", "-w",
-                                                     f"net.ipv6.conf.{dev}.disable_ipv6=1"]))
+        steps.append(sysctl_step(ns, f"net.ipv6.conf.{dev}.disable_ipv6=1", f"no IPv6 on {ns}/{dev}"))
         steps.append(Step(f"bring up {ns}/{dev}", ["ip", "-n", ns, "link", "set", dev, "up"]))
     return steps
 
 
 def _linkem_answers(ctl: str) -> bool:
-    from linkem import profiles
     try:
         profiles.control(ctl, "stats", timeout=0.5)
         return True
@@ -480,8 +497,8 @@ http {{
     default_type application/octet-stream;
     server {{
         # Its own addresses only: other servers (pep-replay) may use 198.19.0.11-20 port 80.
-        listen 198.19.0.10:80 reuseport backlog=4096;
-        listen [2001:2:0:2::10]:80 reuseport backlog=4096;
+        listen {origin4}:80 reuseport backlog=4096;
+        listen [{origin6}]:80 reuseport backlog=4096;
         root {www};
         # Uploads: PUT /upload/NAME is written whole before the answer (so a client's upload
         # time is the time to deliver every byte).

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="benchmark baseline: no VLANs, no BPF steering, no pepctl: Linux bridges, pep only routes")
     up.add_argument("--interception", choices=("bpf", "nft", "route"),
                     help="default bpf; nft with --hosts (FRR's bfdd opens an IPv4 packet socket, which bpf cannot "
-                    "live with: pepctl/config.py)")
+                    "live with: pepctl/config/routing.py)")
     up.add_argument("--ports", default="all", help='intercepted TCP ports: "all" or a list like 80,443,8000-8080 '
                     '(route interception needs a list; it gets 80 when given "all")')
     up.add_argument("--splice", choices=("both", "auto", "off"), default="both")

@@ -1,8 +1,8 @@
 """Per-flow bypass rules: the config's [graph.bypass] plus live rules from `pepctl bypass add`.
 
-One grammar, from the config and the command line to the map key: a Rule (KIND VALUE, checked
-and made canonical by parse_rule) becomes entries of the instance's flow maps, keyed by the
-graph's slot (pepctl/flow_maps.py). The maps are the datapath's truth. pepctl keeps two records
+One grammar, from the config and the command line to the map key (pepctl/config/rules.py): a
+Rule (KIND VALUE, checked and made canonical there) becomes entries of the instance's flow maps,
+keyed by the graph's slot (pepctl/flow_maps.py). The maps are the datapath's truth. pepctl keeps two records
 beside them: the live rules (INSTANCE/GRAPH.bypass.rules, in the format of `bypass add
 --from-file`), and the config rules installed by the last up/reload (the journal's config).
 Changing a rule changes only new flows: every flow keeps the verdict of its first SYN
@@ -11,168 +11,27 @@ Changing a rule changes only new flows: every flow keeps the verdict of its firs
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import re
-import socket
-import stat
-from typing import NamedTuple
 
 from . import flow_maps
-from .config import (
-    Bypass,
-    Config,
-    Graph,
-    _port_range,
-    address_kind,
-    ascii_problem,
-    kind_message,
-    kind_problem,
-    zone_problem,
-)
-from .names import graph_names, instance_names
+from .config import Bypass, Config, Graph
+from .config.rules import Rule, RuleError, port_text
 from .runner import Call, Step, action
-
-KINDS = ("client", "server", "port")
-
-
-class Rule(NamedTuple):
-    """A tuple, not a dataclass: made, hashed and sorted in C, which counts at 100,000 rules."""
-    kind: str        # client | server | port
-    value: str       # "198.18.0.0/24" | "2001:2::/48" | "80" | "8000-8080"
-
-    def as_json(self) -> dict:
-        return {"kind": self.kind, "value": self.value}
-
-
-class RuleError(ValueError):
-    pass
-
-
-def parse_rule(kind: str, value: str) -> Rule:
-    """One rule, checked and canonical; RuleError names the value and says what to do. ASCII only
-    (int() would read a full-width "80" (U+FF18 U+FF10) as 80), and the address kinds of the config's
-    [graph.bypass] (pepctl/config.py kind_problem): no flow has a multicast client."""
-    if kind not in KINDS:
-        hint = "; write it in ASCII" if not kind.isascii() else ""
-        raise RuleError(f"rule kind {kind!r}: use one of {', '.join(KINDS)}{hint}")
-    if not value.isascii():
-        raise RuleError(f"{kind} {value!r}: {ascii_problem(value)}")
-    if kind == "port":
-        got = _port_range(value)
-        if isinstance(got, str):
-            raise RuleError(f"port {value!r}: {got}")
-        lo, hi = got
-        return Rule("port", str(lo) if lo == hi else f"{lo}-{hi}")
-    fast = _canonical_net(value)
-    if fast is not None:
-        text, version, number, plen = fast
-        at = address_kind(version, number, plen)
-        msg = kind_message(at, kind) if at is not None else None
-        if msg:
-            raise RuleError(f"{kind} {value!r}: {msg}")
-        return Rule(kind, text)
-    if "%" in value:
-        raise RuleError(f"{kind} {value!r}: {zone_problem(value)}")
-    try:
-        net = ipaddress.ip_network(value, strict=True)
-    except ValueError as e:
-        raise RuleError(f"{kind} {value!r}: {e}; write a network like 198.18.0.0/24 or 2001:2:0:1::/64") from None
-    msg = kind_problem(net, kind)
-    if msg:
-        raise RuleError(f"{kind} {value!r}: {msg}")
-    return Rule(kind, str(net))
-
-
-def _canonical_net(value: str) -> tuple[str, int, int, int] | None:
-    """(str(ip_network(value)), IP version, network as an int, prefix length) by inet_pton/inet_ntop,
-    several times quicker (it counts at 100,000 rules); None for anything unusual (netmasks, mapped
-    IPv6, errors), which ipaddress then judges."""
-    got = flow_maps.fast_prefix(value)
-    if got is None:
-        return None
-    family, packed, plen = got
-    text = socket.inet_ntop(family, packed)
-    if "." in text and family == socket.AF_INET6:
-        return None
-    return f"{text}/{plen}", 6 if family == socket.AF_INET6 else 4, int.from_bytes(packed, "big"), plen
-
-
-MAX_SHOWN = 20     # bad lines a file's RuleError names; it counts the rest
-_WORD_RE = re.compile(r"[^ \t]+")   # words are apart by spaces or tabs: str.split() would also part at U+3000
-
-
-def parse_rules_file(path: str) -> list[Rule]:
-    """The rules of a file, one `KIND VALUE` a line, words apart by spaces or tabs; `#` starts a
-    comment; blank lines and repeated rules are fine. A line may end in LF or CRLF, and the file
-    may start with a UTF-8 byte-order mark (a file saved on Windows reads the same); rules are
-    ASCII, comments any UTF-8. Every line is checked before any rule is used: one bad line and
-    RuleError names every bad line (up to MAX_SHOWN) as FILE:LINE, and says nothing was changed.
-    A file that cannot be read, or is not a regular file (a folder, a FIFO, a device), is a
-    RuleError too."""
-    try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer; a regular file ignores it.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise RuleError(f"{path}: {e.strerror}; give a file of rules, one `KIND VALUE` a line") from None
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError:
-        mode = 0
-    if not stat.S_ISREG(mode):   # checked before open(): it refuses a folder's fd with its own error
-        os.close(fd)
-        what = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
-        raise RuleError(f"{path}: is {what}; give a file of rules, one `KIND VALUE` a line")
-    with open(fd, "rb") as f:
-        try:
-            return _rules_of_lines(path, f)
-        except OSError as e:
-            raise RuleError(f"{path}: {e.strerror}; nothing was changed") from None
-
-
-def _rules_of_lines(path: str, f) -> list[Rule]:
-    rules, errors = [], []
-    for number, raw in enumerate(f, 1):
-        where = f"{path}:{number}"
-        if number == 1:
-            raw = raw.removeprefix(b"\xef\xbb\xbf")   # a UTF-8 byte-order mark, as some Windows editors write
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            errors.append(f"{where}: byte 0x{raw[e.start]:02x} (column {e.start + 1}) is not UTF-8; write rules "
-                          "in ASCII and save the file as UTF-8")
-            continue
-        line = line.removesuffix("\n").removesuffix("\r")
-        words = _WORD_RE.findall(line.partition("#")[0])
-        if not words:
-            continue
-        if len(words) != 2:
-            shown = line.strip(" \t")
-            errors.append(f"{where}: {shown!r}: write one rule a line: KIND VALUE, KIND one of {', '.join(KINDS)}")
-            continue
-        try:
-            rules.append(parse_rule(*words))
-        except RuleError as e:
-            errors.append(f"{where}: {e}")
-    if errors:
-        more = f"\n... and {len(errors) - MAX_SHOWN} more" if len(errors) > MAX_SHOWN else ""
-        raise RuleError("\n".join(errors[:MAX_SHOWN]) + more + f"\n{path}: nothing was changed")
-    return rules
 
 
 def config_rules(b: Bypass) -> set[Rule]:
     rules = {Rule("client", str(n)) for n in b.clients} | {Rule("server", str(n)) for n in b.servers}
-    rules |= {Rule("port", str(lo) if lo == hi else f"{lo}-{hi}") for lo, hi in b.ports}
+    rules |= {Rule("port", port_text(lo, hi)) for lo, hi in b.ports}
     return rules
 
 
 def pins(cfg: Config) -> str:
-    return instance_names(cfg).flow_pins
+    return cfg.instance_names().flow_pins
 
 
 def live_path(cfg: Config, g: Graph) -> str:
     # In the format of `bypass add --from-file`, so an operator can copy it elsewhere.
-    return graph_names(cfg, g).live_rules
+    return cfg.graph_names(g).live_rules
 
 
 def read_live_file(path: str) -> set[Rule]:
@@ -283,6 +142,44 @@ def install_step(cfg: Config, g: Graph) -> Step:
                 Call("bypass_install", (pins(cfg), g.index, [list(r) for r in rules], live_path(cfg, g)),
                      f"# bpf(2) {pins(cfg)}/maps: bypass rules of slot {g.index}: {shown or 'none'}"
                      f" (and the live ones of {live_path(cfg, g)}, if any)"))
+
+
+@action("bypass_change")
+def _change(pin_dir: str, slot: int, added: list, removed: list, kept_ports: list) -> None:
+    """A graph's entries in the maps, for rules added and removed (of its config and live rules):
+    the added ones' first, then those of the removed ones that no rule left needs. Networks are an
+    entry each; port ranges share the entries of the ports they both name, so the port rules kept
+    come along. Its own undo is the same with added and removed swapped."""
+    adding, removing = map_args([Rule(*r) for r in added]), map_args([Rule(*r) for r in removed])
+    if any(adding.values()):
+        flow_maps.add_rules(pin_dir, slot, **adding)
+    staying = adding["ports"] + map_args([Rule(*r) for r in kept_ports])["ports"]
+    removing["ports"] = _ports_left(removing["ports"], staying)
+    if any(removing.values()):
+        flow_maps.del_rules(pin_dir, slot, **removing)
+
+
+def _ports_left(gone: list[tuple[int, int]], staying: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ports of ranges gone that no range staying names, as ranges."""
+    ports = {p for lo, hi in gone for p in range(lo, hi + 1)} - {p for lo, hi in staying for p in range(lo, hi + 1)}
+    return [(p, p) for p in sorted(ports)]
+
+
+def change_step(cfg: Config, g: Graph, before: set[Rule], after: set[Rule]) -> Step:
+    """A reload's change of a graph's bypass rules (config rules and live ones together). The journal
+    holds what changes, not every rule: live rules may be 100,000s."""
+    def listed(rules: set[Rule]) -> str:
+        shown = ", ".join(f"{r.kind} {r.value}" for r in sorted(rules)[:8])
+        return (shown + (" ..." if len(rules) > 8 else "")) or "none"
+    added, removed = after - before, before - after
+    kept = [list(r) for r in sorted(before & after) if r.kind == "port"]
+    add_, remove_ = [list(r) for r in sorted(added)], [list(r) for r in sorted(removed)]
+    return Step(f"bypass rules of graph {g.name}: {len(added)} added, {len(removed)} removed",
+                Call("bypass_change", (pins(cfg), g.index, add_, remove_, kept),
+                     f"# bpf(2) {pins(cfg)}/maps: bypass rules of slot {g.index}: add {listed(added)}; "
+                     f"remove {listed(removed)}"),
+                undo=Call("bypass_change", (pins(cfg), g.index, remove_, add_, kept),
+                          f"bypass rules of slot {g.index} back as before the reload"))
 
 
 def counters(cfg: Config, g: Graph) -> dict[str, int]:

@@ -1,7 +1,7 @@
 """What `plan` and `up` check before they touch the host, each problem named by file, field and
 value, with what to do.
 
-The config's own checks (types, ranges, address kinds, overlaps) are in pepctl/config.py; these
+The config's own checks (types, ranges, address kinds, overlaps) are in pepctl/config/; these
 need the host: the NIC, the kernel's congestion controls (and for pepctl's own, pep_radio, that it
 is built and can be registered: pepctl/congestion.py), the proxy's user, and that every name the
 plan would make is free. An undo of `up` removes what its journal names (pepctl/runner.py):
@@ -19,12 +19,26 @@ import socket
 from . import congestion, routing, service
 from .config import OWN_CONGESTION, Config, ConfigError, FieldError
 from .hostinfo import HostInfo, maxconn_for
-from .names import EXPORTER_UNIT, TRUNK_PREF, graph_names, instance_names, netns_path, unit_name
+from .names import EXPORTER_UNIT, TRUNK_PREF, netns_path, unit_name
 from .register import register_entry, running_instances
 from .runner import run
 
 
 def problems(cfg: Config, info: HostInfo) -> list[FieldError]:
+    """Everything `plan` checks: the host's problems, then, when there are none, the names the plan
+    would make that are taken."""
+    return host_problems(cfg, info) or taken(cfg)
+
+
+def taken(cfg: Config) -> list[FieldError]:
+    """Names the plan would make that exist already, or that a running instance holds."""
+    return names_taken(cfg) + conflicts(cfg) + nic_taken(cfg)
+
+
+def host_problems(cfg: Config, info: HostInfo) -> list[FieldError]:
+    """What this host lacks for the config, whatever runs on it: the NIC, congestion controls, the
+    proxy's user, systemd's units, FRR, the folders, descriptors. `up` checks these before it takes
+    the instance's lock (which makes a file in run_dir) or makes anything."""
     out: list[FieldError] = []
 
     def bad(field: str, value, message: str) -> None:
@@ -45,13 +59,13 @@ def problems(cfg: Config, info: HostInfo) -> list[FieldError]:
                 f"{service.UNIT_FILE}), which does not exist here; create it with `useradd --system --user-group "
                 f"--no-create-home --shell /usr/sbin/nologin {info.proxy_user}` (scripts/setup does)")
         if service.backend(cfg.host.supervisor) == "systemd":
-            unit = unit_name(instance_names(cfg))
+            unit = unit_name(cfg.instance_names())
             if run(["systemctl", "cat", unit], check=False).returncode != 0:
                 bad("host.supervisor", cfg.host.supervisor, f"systemd runs this host but has no {unit}: install "
                     f"{service.UNIT_FILE} into /etc/systemd/system and run `systemctl daemon-reload`, or set "
                     "supervisor = \"pepctl\"")
     if cfg.host.metrics_port and service.backend(cfg.host.supervisor) == "systemd":
-        unit = unit_name(instance_names(cfg), EXPORTER_UNIT)
+        unit = unit_name(cfg.instance_names(), EXPORTER_UNIT)
         if run(["systemctl", "cat", unit], check=False).returncode != 0:
             bad("host.metrics_port", cfg.host.metrics_port, f"systemd runs this host but has no {unit}: install "
                 f"{service.EXPORTER_UNIT_FILE} into /etc/systemd/system and run `systemctl daemon-reload`, "
@@ -76,10 +90,6 @@ def problems(cfg: Config, info: HostInfo) -> list[FieldError]:
                 bad(f"graph[{g.index}].proxy.maxconn", g.proxy.maxconn, f"more than HAProxy's own maxconn, {total} "
                     "(host.maxconn, or what the open-file limit allows): a graph cannot hold more than the process; "
                     "lower it, or 0 for the host's")
-    if not out:
-        out += names_taken(cfg)
-        out += conflicts(cfg)
-        out += nic_taken(cfg)
     return out
 
 
@@ -171,7 +181,7 @@ def _same_listener(a: list | None, b: list) -> bool:
 
 def names_taken(cfg: Config) -> list[FieldError]:
     """Names the plan would make that exist already."""
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     links = {name for _, name in socket.if_nameindex()}
     out = []
     if os.path.lexists(n.pins):
@@ -183,7 +193,7 @@ def names_taken(cfg: Config) -> list[FieldError]:
                               f"({', '.join(sorted(os.listdir(n.dir))[:4])}): it is not this instance's; move its "
                               "files away or choose another run_dir or instance name"))
     for g in cfg.graphs:
-        gn = graph_names(cfg, g)
+        gn = cfg.graph_names(g)
         if os.path.lexists(netns_path(gn.netns)):
             out.append(FieldError(cfg.path, f"graph[{g.index}].name", g.name, f"namespace {gn.netns} exists "
                                   "already; take down the instance that made it, or rename the graph"))
@@ -196,6 +206,10 @@ def names_taken(cfg: Config) -> list[FieldError]:
 
 
 def check(cfg: Config, info: HostInfo) -> None:
-    found = problems(cfg, info)
+    refuse(problems(cfg, info))
+
+
+def refuse(found: list[FieldError]) -> None:
+    """The problems found, as the ConfigError the CLI prints (exit 2); none: nothing."""
     if found:
         raise ConfigError(found)

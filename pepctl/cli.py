@@ -19,9 +19,10 @@ from haproxy import supervise
 
 from . import bypass, checks, drain, exporter, hostinfo, plan, report, service, status
 from . import config as configmod
+from . import reload as reload_mod
+from .config.rules import RuleError, parse_rule, parse_rules_file
 from .lock import InstanceLock, LockBusy
-from .names import instance_names
-from .reload import reload
+from .names import CRASH_LOG
 from .runner import Journal, StepError, apply, undo_all
 
 DEFAULT_CONFIG = "/etc/pep/pep.toml"
@@ -41,16 +42,28 @@ def load(args):
 
 
 def locked(cfg, command: str, args) -> InstanceLock:
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     return InstanceLock(n.lock, cfg.host.instance, command, wait=0 if args.no_wait else args.wait)
 
 
 def cmd_plan(args, out) -> int:
     cfg, info = load(args)
-    checks.check(cfg, info)
-    print(f"# pepctl plan for instance {cfg.host.instance} ({args.config})", file=out)
-    print(f"# {info.cpus_note}", file=out)
-    for step in plan.build(cfg, info):
+    if args.reload:
+        checks.refuse(checks.host_problems(cfg, info))
+        journal = Journal(cfg.instance_names().journal)
+        if not journal.complete:
+            print(f"pepctl plan --reload: instance {cfg.host.instance} is not up; `pepctl plan` shows what `up` "
+                  "would do", file=sys.stderr)
+            return 1
+        steps = reload_mod.steps(cfg, reload_mod.running_config(cfg, journal), info)
+        print(f"# pepctl plan --reload for instance {cfg.host.instance} ({args.config}): "
+              f"{len(steps)} step(s), each undone if a later one fails", file=out)
+    else:
+        checks.check(cfg, info)
+        steps = plan.build(cfg, info)
+        print(f"# pepctl plan for instance {cfg.host.instance} ({args.config})", file=out)
+        print(f"# {info.cpus_note}", file=out)
+    for step in steps:
         print(f"# {step.what}" + ("  (skipped if already so)" if step.done else ""), file=out)
         print(step.render(), file=out)
     return 0
@@ -59,6 +72,7 @@ def cmd_plan(args, out) -> int:
 def _forget(cfg, journal: Journal, lock: InstanceLock) -> None:
     """The instance is gone: remove its journal, its lock file, and the run folder if now empty."""
     journal.remove()
+    Journal(cfg.instance_names().reload_journal).remove()
     lock.remove()
     try:
         os.rmdir(cfg.host.run_dir)
@@ -68,11 +82,18 @@ def _forget(cfg, journal: Journal, lock: InstanceLock) -> None:
 
 def cmd_up(args, out) -> int:
     cfg, info = load(args)
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     text, digest = read_config(args.config)
+    # Before the lock: it is a file in run_dir, and a run_dir that cannot be (under a file, on /proc)
+    # is the config's fault, said as plan says it.
+    checks.refuse(checks.host_problems(cfg, info))
     with locked(cfg, "up", args) as lock:
         journal = Journal(n.journal)
         if journal.exists and journal.complete:
+            errors = reload_mod.recover(cfg, journal, out)
+            if errors:
+                print("pepctl up: could not roll back an unfinished reload:\n  " + "\n  ".join(errors), file=sys.stderr)
+                return 1
             if journal.meta.get("config_sha256") != digest:
                 print(f"pepctl up: instance {cfg.host.instance} is up with another config; run `pepctl reload` "
                       "to apply changes, or `pepctl down` first", file=sys.stderr)
@@ -92,7 +113,7 @@ def cmd_up(args, out) -> int:
                 return 1
             journal.remove()
         try:
-            checks.check(cfg, info)
+            checks.refuse(checks.taken(cfg))
             steps = plan.build(cfg, info)
         except configmod.ConfigError:
             _forget(cfg, journal, lock)   # refused before anything was made: not even the lock stays
@@ -123,7 +144,7 @@ def cmd_down(args, out) -> int:
         cfg = configmod.load(args.config, host_only=True)
         print(f"pepctl down: notice: {args.config} no longer passes the checks ({e.errors[0]}); "
               "taking down what the journal says was made", file=sys.stderr)
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     if not os.path.exists(n.journal):
         print(f"instance {cfg.host.instance} is not up (no {n.journal}); nothing to do", file=out)
         return 0
@@ -132,6 +153,10 @@ def cmd_down(args, out) -> int:
         if not journal.exists:   # taken down while we waited for the lock
             print(f"instance {cfg.host.instance} is not up; nothing to do", file=out)
             return 0
+        # A reload cut short first: its undos put back what the instance's journal knows. What of
+        # them fails is moot once the instance is gone.
+        for e in reload_mod.recover(cfg, journal, out):
+            print(f"pepctl down: notice: rolling back an unfinished reload: {e}", file=sys.stderr)
         errors = undo_all(journal, log=lambda m: print(m, file=out))
         if errors:
             for e in errors:
@@ -158,9 +183,10 @@ def cmd_status(args, out) -> int:
 def cmd_reload(args, out) -> int:
     cfg, info = load(args)
     text, digest = read_config(args.config)
+    checks.refuse(checks.host_problems(cfg, info))
     with locked(cfg, "reload", args):
         try:
-            return reload(cfg, info, Journal(instance_names(cfg).journal), text, digest, out)
+            return reload_mod.reload(cfg, info, Journal(cfg.instance_names().journal), text, digest, out)
         except StepError as e:
             print(f"pepctl reload: {e}", file=sys.stderr)
             return 1
@@ -180,7 +206,7 @@ def _graph(cfg, name: str | None):
 
 def cmd_bypass(args, out) -> int:
     cfg = configmod.load(args.config)
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     if not os.path.exists(n.journal):
         print(f"pepctl bypass: instance {cfg.host.instance} is not up; rules in the config apply at `up`",
               file=sys.stderr)
@@ -192,8 +218,8 @@ def cmd_bypass(args, out) -> int:
     if args.action == "list":
         return _bypass_list(cfg, g, args, out)
     try:
-        rules = _rules_of(args) if args.action != "sync" else []
-    except bypass.RuleError as e:
+        rules = rules_of(args) if args.action != "sync" else []
+    except RuleError as e:
         print(f"pepctl bypass {args.action}: {e}", file=sys.stderr)
         return 2
     with locked(cfg, f"bypass {args.action}", args):
@@ -232,7 +258,7 @@ def _bypass_change(cfg, installed, g, args, rules, out) -> int:
         started = time.monotonic()
         try:
             done = bypass.add(cfg, installed, g, rules)
-        except bypass.RuleError as e:
+        except RuleError as e:
             print(f"pepctl bypass add: {e}", file=sys.stderr)
             return 1
         took = time.monotonic() - started
@@ -259,20 +285,20 @@ def _bypass_change(cfg, installed, g, args, rules, out) -> int:
     return 0
 
 
-def _rules_of(args) -> list:
+def rules_of(args) -> list:
     """The rules an add/del names: KIND VALUE on the command line, or --from-file FILE."""
     if args.from_file:
         if args.kind:
-            raise bypass.RuleError("give either a rule (KIND VALUE) or --from-file FILE, not both")
+            raise RuleError("give either a rule (KIND VALUE) or --from-file FILE, not both")
         try:
-            return bypass.parse_rules_file(args.from_file)
+            return parse_rules_file(args.from_file)
         except OSError as e:
-            raise bypass.RuleError(f"{args.from_file}: {e.strerror}; give a file of rules, "
+            raise RuleError(f"{args.from_file}: {e.strerror}; give a file of rules, "
                                    "one `KIND VALUE` a line") from None
     if not args.kind or not args.value:
-        raise bypass.RuleError("give a rule: client NETWORK | server NETWORK | port PORT[-PORT], "
+        raise RuleError("give a rule: client NETWORK | server NETWORK | port PORT[-PORT], "
                                "or --from-file FILE")
-    return [bypass.parse_rule(args.kind, args.value)]
+    return [parse_rule(args.kind, args.value)]
 
 
 def installed_config(journal: Journal, cfg):
@@ -293,7 +319,7 @@ def _old_config(journal: Journal, cfg, g):
 
 def cmd_drain(args, out) -> int:
     cfg = configmod.load(args.config)
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     with locked(cfg, "drain", args):
         journal = Journal(n.journal)
         if not journal.complete:
@@ -304,7 +330,7 @@ def cmd_drain(args, out) -> int:
             if args.undo:
                 return drain.undo(cfg, out)
             return drain.drain(cfg, installed_config(journal, cfg), args.timeout, out)
-        except (StepError, bypass.RuleError) as e:
+        except (StepError, RuleError) as e:
             print(f"pepctl drain: {e}", file=sys.stderr)
             return 1
 
@@ -323,7 +349,7 @@ def cmd_exporter(args, out) -> int:
 
 def cmd_report(args, out) -> int:
     cfg = configmod.load(args.config)
-    return report.run(args, args.log or instance_names(cfg).experiment_log, out)
+    return report.run(args, args.log or cfg.instance_names().experiment_log, out)
 
 
 COMMANDS = {
@@ -331,7 +357,7 @@ COMMANDS = {
     "up": (cmd_up, "bring the instance up (no-op if already up with this config)"),
     "down": (cmd_down, "remove everything `up` made, and nothing else"),
     "status": (cmd_status, "report state, what new flows get, HAProxy sessions and datapath counters"),
-    "reload": (cmd_reload, "apply a changed proxy config without dropping connections"),
+    "reload": (cmd_reload, "apply a changed proxy config without dropping connections (plan --reload: how)"),
     "bypass": (cmd_bypass, "per-flow bypass rules: add|del|list|sync (new flows only)"),
     "report": (cmd_report, "the PEP's gain on live traffic: the experiment's treated vs control flows"),
     "drain": (cmd_drain, "[routing] hand this host's shares to their other hosts, losing no connection"),
@@ -355,6 +381,9 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
             p.add_argument("--no-wait", action="store_true", help="do not wait for the lock: say who holds it")
         if name == "status":
             p.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "plan":
+            p.add_argument("--reload", action="store_true",
+                           help="what `reload` would change in the running instance, step by step")
         if name == "bypass":
             p.add_argument("action", choices=("add", "del", "list", "sync"))
             p.add_argument("kind", nargs="?", help="client | server | port")
@@ -405,9 +434,6 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
         return unexpected(args, e)
     except Exception as e:   # noqa: BLE001 - the one place that turns a bug into a message
         return unexpected(args, e)
-
-
-CRASH_LOG = "/var/log/pep/pepctl-errors.log"
 
 
 def unexpected(args, e: BaseException) -> int:

@@ -40,7 +40,7 @@ import struct
 from . import bpfsys, radio_maps
 from .config import OWN_CONGESTION, Config, FieldError, Graph
 from .lock import InstanceLock, LockBusy
-from .names import CONGESTION_DIR, CONGESTION_LOCK, congestion_pins, graph_names, instance_names, netns_path
+from .names import CONGESTION_DIR, CONGESTION_LOCK, REGISTER, congestion_pins, netns_path
 from .register import users_of
 from .runner import Call, Step, StepError, action, remove_dir, run
 
@@ -50,7 +50,7 @@ BTF = "/sys/kernel/btf/vmlinux"     # BPF struct_ops resolves tcp_congestion_ops
 # What registers each of pepctl's own: (object, loader), run as `LOADER OBJECT PINS`.
 BUILT = {radio_maps.NAME: (os.path.join(REPO, "congestion", "radio.bpf.o"),
                            os.path.join(REPO, "congestion", "radio-load"))}
-assert set(BUILT) == set(OWN_CONGESTION), "every congestion control config.py takes as pepctl's own is built here"
+assert set(BUILT) == set(OWN_CONGESTION), "every congestion control the config takes as pepctl's own is built here"
 OPS_KEY = bytes(4)                  # a struct_ops map's one key
 # A struct_ops map's value starts with struct bpf_struct_ops_common_value {refcount_t refcnt;
 # enum bpf_struct_ops_state state;}; BPF_STRUCT_OPS_STATE_INUSE: registered.
@@ -142,7 +142,7 @@ def problems(cfg: Config) -> list[FieldError]:
 # -- the steps ---------------------------------------------------------------------------------------
 def steps(cfg: Config) -> list[Step]:
     """Register each of pepctl's own congestion controls the instance uses (shared, see above)."""
-    journal = instance_names(cfg).journal
+    journal = cfg.instance_names().journal
     out = []
     for cc in used(cfg):
         obj, loader = BUILT[cc]
@@ -150,7 +150,7 @@ def steps(cfg: Config) -> list[Step]:
         show = (f"# under flock {CONGESTION_LOCK}; if pepctl registered {cc} already (another instance): "
                 f"nothing, but a notice\nmkdir -p -m 700 {pins}\n{loader} {obj} {pins}")
         undo = (f"under flock {CONGESTION_LOCK}, unless another running instance uses {cc} "
-                f"(its entry in /run/pep-instances): bpf(2) BPF_MAP_DELETE_ELEM key 0 of the struct_ops map in "
+                f"(its entry in {REGISTER}): bpf(2) BPF_MAP_DELETE_ELEM key 0 of the struct_ops map in "
                 f"{pins} (unregisters {cc}); rm -r {pins}")
         out.append(Step(f"use congestion control {cc}", Call("congestion_use", (cc, journal), show),
                         undo=Call("congestion_release", (cc, journal), undo)))
@@ -161,7 +161,7 @@ def graph_steps(cfg: Config, g: Graph) -> list[Step]:
     """A pep_radio graph's parameters, once its namespace exists (its inode is the key)."""
     if g.access.congestion != radio_maps.NAME:
         return []
-    ns = graph_names(cfg, g).netns
+    ns = cfg.graph_names(g).netns
     pins = congestion_pins(radio_maps.NAME)
     target = g.access.queue_target_ms * 1000
     where = f"[inode of {netns_path(ns)}]"

@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import time
 
 from . import bypass, nsutil, routing
 from .config import Config
-from .names import C_IN, RULE_PREF, S_IN, graph_names, instance_names
-from .runner import StepError, pid_alive, read_pid, remove_file, run, write_file
+from .config.rules import Rule, parse_rule
+from .names import C_IN, RULE_PREF, S_IN
+from .runner import Call, StepError, action, pid_alive, read_pid, remove_file, run, write_file
 
 DRAIN_PREF = RULE_PREF + 100       # after the interception's rules: a socket's packets stay here
 DRAIN_TABLE_BASE = 200             # share k's hand-over routes: table 200+k
@@ -58,9 +60,9 @@ def handover_lines(r: routing.Routing, verb: str) -> list[str]:
     return lines
 
 
-def handover_rules(r: routing.Routing) -> set[bypass.Rule]:
+def handover_rules(r: routing.Routing) -> set[Rule]:
     """The bypass rules that keep the shares' new flows from this proxy."""
-    return {bypass.parse_rule("client", str(routing.share_prefixes(r)[k]))
+    return {parse_rule("client", str(routing.share_prefixes(r)[k]))
             for k in routing.roles(r) if routing.other_host(r, k) is not None}
 
 
@@ -72,29 +74,42 @@ def held_connections(ns: str) -> int:
     return nsutil.in_netns(ns, count)
 
 
-def announce(cfg: Config, drained: bool) -> None:
-    """Replace bgpd's prefix lists (empty when drained) and tell the routers now, not at FRR's
-    next route-map timer."""
+def announce_call(cfg: Config, drained: bool) -> Call:
+    """What announces this host's shares (none when drained), as an action a journal can name: FRR's
+    config files, and bgpd's prefix lists replaced live, the routers told now, not at FRR's next
+    route-map timer."""
     r = cfg.routing
-    folder = instance_names(cfg).frr_dir
-    # The files say what runs: a restarted daemon announces the same.
-    for daemon, text in routing.configs(r, routing.hostname(cfg.host.instance, r), drained).items():
-        write_file(routing.frr_file(folder, daemon, "conf"), text)
+    folder = cfg.instance_names().frr_dir
+    confs = routing.configs(r, routing.hostname(cfg.host.instance, r), drained)
     commands = ["configure terminal"]
     for name, lines in routing.prefix_lists(r, drained).items():
         commands += [f"no ip prefix-list {name}", *lines]
     commands += ["end", "clear bgp ipv4 unicast * soft out"]
+    shown = "\n".join([*(f"cat > {routing.frr_file(folder, d, 'conf')} <<'EOF'\n{t.rstrip()}\nEOF"
+                          for d, t in confs.items()), shlex.join(routing.vtysh_argv(folder, *commands))])
+    return Call("frr_announce", (folder, confs, commands), shown)
+
+
+@action("frr_announce")
+def _frr_announce(folder: str, confs: dict, commands: list) -> None:
+    # The files say what runs: a restarted daemon announces the same.
+    for daemon, text in confs.items():
+        write_file(routing.frr_file(folder, daemon, "conf"), text)
     run(routing.vtysh_argv(folder, *commands))
 
 
+def announce(cfg: Config, drained: bool) -> None:
+    _frr_announce(*announce_call(cfg, drained).args)
+
+
 def state_path(cfg: Config) -> str:
-    return os.path.join(instance_names(cfg).frr_dir, "drained")
+    return os.path.join(cfg.instance_names().frr_dir, "drained")
 
 
 def drain(cfg: Config, installed: Config, timeout: float, out) -> int:
     r = cfg.routing
     g = next(g for g in cfg.graphs if g.name == r.graph)
-    ns = graph_names(cfg, g).netns
+    ns = cfg.graph_names(g).netns
     rules = handover_rules(r)
     run(["ip", "-n", ns, "-batch", "-"], input="\n".join(handover_lines(r, "add")) + "\n")
     bypass.add(cfg, installed, g, sorted(rules))
@@ -122,7 +137,7 @@ def drain(cfg: Config, installed: Config, timeout: float, out) -> int:
 def undo(cfg: Config, out) -> int:
     r = cfg.routing
     g = next(g for g in cfg.graphs if g.name == r.graph)
-    ns = graph_names(cfg, g).netns
+    ns = cfg.graph_names(g).netns
     announce(cfg, drained=False)
     run(["ip", "-n", ns, "-batch", "-"], input="\n".join(handover_lines(r, "del")) + "\n", check=False)
     rules = handover_rules(r) - bypass.config_rules(g.bypass)
@@ -150,7 +165,7 @@ def check_drainable(cfg: Config) -> None:
     if alone:
         raise StepError(f"{cfg.path}: routing.hosts gives shares {', '.join(map(str, alone))} no other host: "
                         "draining would leave their subscribers with no proxy host; add a host to the cluster first")
-    if not os.path.exists(routing.frr_file(instance_names(cfg).frr_dir, "bgpd", "vty")):
+    if not os.path.exists(routing.frr_file(cfg.instance_names().frr_dir, "bgpd", "vty")):
         raise StepError(f"instance {cfg.host.instance}: FRR's bgpd is not running; bring the instance up first")
 
 
@@ -159,7 +174,7 @@ def report(cfg: Config) -> dict:
     """[routing] as it runs: FRR's daemons, the sessions to the routers (BGP and BFD), what this
     host announces, and the drain."""
     r = cfg.routing
-    folder = instance_names(cfg).frr_dir
+    folder = cfg.instance_names().frr_dir
     pids = {d: read_pid(routing.frr_file(folder, d, "pid")) for d in routing.FRR_DAEMONS}
     out: dict = {"host": r.host, "daemons": {d: {"pid": pid, "running": bool(pid and pid_alive(pid))}
                                               for d, pid in pids.items()},

@@ -39,7 +39,7 @@ from haproxy import stats as haproxy_stats
 from . import config as configmod
 from . import congestion, experiment, flow_maps, nsutil, radio_maps, service, steering, tcp_sample
 from .metrics import BUCKETS, CATALOGUE
-from .names import congestion_pins, graph_names, instance_names, netns_path
+from .names import congestion_pins, folder_names, netns_path, previous_log
 from .runner import Journal, remove_file, write_file
 from .status import listen_ports
 
@@ -130,8 +130,7 @@ def _num(v: float) -> str:
 class Exporter:
     def __init__(self, instance_dir: str):
         self.dir = instance_dir
-        self.journal = Journal(os.path.join(os.path.dirname(instance_dir), os.path.basename(instance_dir)
-                                            + ".journal"))
+        self.journal = Journal(folder_names(instance_dir).journal)
         self.lock = threading.Lock()
         self.cfg = None
         self.cfg_stamp = None
@@ -181,7 +180,7 @@ class Exporter:
     def drain_records(self, cfg) -> None:
         if not any(g.experiment.on for g in cfg.graphs):
             return
-        n = instance_names(cfg)
+        n = cfg.instance_names()
         names = {g.index: g.name for g in cfg.graphs}
         lines = []
         with flow_maps.open_map(n.flow_pins, "flow_records") as q:
@@ -203,13 +202,13 @@ class Exporter:
 
     def check_failopen(self, cfg) -> None:
         proxied = [g for g in cfg.graphs if g.proxy.enabled]
-        if proxied and not service.processes(instance_names(cfg))["haproxy"]["running"]:
+        if proxied and not service.processes(cfg.instance_names())["haproxy"]["running"]:
             for g in proxied:   # no HAProxy: no listener anywhere
                 self.set_failopen(g.name, True)
             return
         batch, self.failopen_cursor = next_batch(proxied, self.failopen_cursor, FAILOPEN_BATCH)
         for g in batch:
-            ns = graph_names(cfg, g).netns
+            ns = cfg.graph_names(g).netns
             try:
                 if ns not in self.diag:
                     self.diag[ns] = nsutil.in_netns(ns, nsutil.diag_socket)
@@ -234,7 +233,7 @@ class Exporter:
         for g in batch:
             access = [a.network for a in g.access.addresses] + list(g.access.prefixes)
             try:
-                got, capped = tcp_sample.sample(graph_names(cfg, g).netns)
+                got, capped = tcp_sample.sample(cfg.graph_names(g).netns)
             except OSError:
                 continue
             with self.lock:
@@ -259,7 +258,7 @@ class Exporter:
         if cfg is None:
             e.add("pep_up", (), 0)
             return e.text()
-        n = instance_names(cfg)
+        n = cfg.instance_names()
         e.add("pep_up", (), int(self.journal.complete))
         e.add("pep_graphs", (), len(cfg.graphs))
         for g in cfg.graphs:
@@ -305,7 +304,7 @@ class Exporter:
     def proxy_metrics(self, e: Exposition, cfg, proxied) -> None:
         if not proxied:
             return
-        n = instance_names(cfg)
+        n = cfg.instance_names()
         procs = service.processes(n)
         e.add("pep_proxy_up", (), int(procs["haproxy"]["running"]))
         e.add("pep_proxy_restarts_total", (), procs["restarts"])
@@ -315,7 +314,7 @@ class Exporter:
             return
         by = {(r["pxname"], r["svname"]): r for r in rows}
         for g in proxied:
-            px = graph_names(cfg, g).proxy
+            px = cfg.graph_names(g).proxy
             fe, be = by.get((px, "FRONTEND")), by.get((px, "BACKEND"))
             if fe:
                 e.add("pep_proxy_sessions", (g.name,), _int(fe["scur"]))
@@ -345,7 +344,7 @@ def radio_metrics(e: Exposition, cfg) -> None:
     with m:
         for g in graphs:
             try:
-                st = radio_maps.stats_of(m, netns_path(graph_names(cfg, g).netns))
+                st = radio_maps.stats_of(m, netns_path(cfg.graph_names(g).netns))
             except (OSError, ValueError):
                 continue
             radio_graph_metrics(e, g.name, st or radio_maps.STATS.zero())
@@ -392,7 +391,7 @@ def write_log(path: str, records: list[dict]) -> None:
     """Appends records as JSON lines; beyond LOG_MAX_BYTES the log becomes path.1 (one kept)."""
     try:
         if os.path.getsize(path) > LOG_MAX_BYTES:
-            os.replace(path, path + ".1")
+            os.replace(path, previous_log(path))
     except FileNotFoundError:
         pass
     with open(path, "a") as f:
@@ -455,7 +454,7 @@ def serve(instance_dir: str) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     print(f"exporter: serving http://{host.metrics_address}:{host.metrics_port}/metrics", flush=True)
-    pid_file = instance_names(cfg).exporter_pid
+    pid_file = cfg.instance_names().exporter_pid
     write_file(pid_file, f"{os.getpid()}\n")   # listening: `up` waits for this
     try:
         server.serve_forever(poll_interval=0.5)

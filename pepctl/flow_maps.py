@@ -311,13 +311,6 @@ def set_flags(pins: str, graph: int, flags: int, listen_port: int, control: tupl
         m.update(U32.pack(graph), graph_config(flags, listen_port, *control))
 
 
-def read_graph(pins: str, graph: int) -> tuple[int, int]:
-    """(flags, listen_port) of graph slot."""
-    with open_map(pins, "graphs") as m:
-        flags, port, _ = GRAPH_CONFIG.unpack(m.lookup(U32.pack(graph)))
-    return flags, port
-
-
 def read_counters(pins: str, graph: int) -> dict[str, int]:
     """enum flow_counter of graph, summed over CPUs: {"flows_proxied": n, ...}."""
     out = {}

@@ -2,12 +2,16 @@
 
 Whatever `up` creates is named here and nowhere else, so `down`, `status`, the supervisor and
 the lab all find the same things. Every name carries the instance name, so two instances
-(or two labs, or two test runs) on one host never share one.
+(or two labs, or two test runs) on one host never share one. Names are derived from plain
+values (the instance, run_dir, bpf_dir, a graph's name, slot and VLANs): the config's checks
+use them too (pepctl/config/), so this module knows nothing of the config. The supervisor's
+own files are named where it runs (haproxy/supervise.py) and taken from there.
 
     run_dir/INSTANCE.journal        what `up` made, newest last (pepctl/runner.py Journal)
+    run_dir/INSTANCE.reload.journal what a `reload` changed, while it runs: how to put it back
     run_dir/INSTANCE.lock           held by up, down, reload and bypass (pepctl/lock.py)
     run_dir/INSTANCE/               the instance's folder (root, group of the proxy's user)
-        haproxy.cfg                 HAProxy's config, every graph in it
+        haproxy.cfg                 HAProxy's config, every graph in it (haproxy.cfg.new: a reload's, checked)
         GRAPH.nft                   nft interception table of a graph (mode nft)
         GRAPH.bypass.rules          live bypass rules of a graph (`pepctl bypass add`)
         keeper.pid, keeper.log      the supervisor's keeper (hosts without systemd, the lab)
@@ -25,6 +29,7 @@ the lab all find the same things. Every name carries the instance name, so two i
     nft table pep_INSTANCE          inside a graph's namespace (mode nft)
     systemd units pep-supervisor@<run folder, escaped>.service, pep-exporter@<the same>.service
     /run/pep-instances/INSTANCE.json   the host's register of running instances (pepctl/register.py)
+    /var/log/pep/pepctl-errors.log  the tracebacks of errors pepctl did not expect (the message names it)
 
 Host-wide, shared by every instance that uses them (pepctl/congestion.py):
     /sys/fs/bpf/pep-congestion/NAME/   a congestion control pepctl registered (pep_radio): its maps
@@ -41,7 +46,6 @@ from dataclasses import dataclass
 from haproxy.supervise import SERIALS, socket_name
 from haproxy.supervise import paths as supervisor_files
 
-from .config import Config, Graph
 from .flow_maps import ifindexes
 
 C_IN, S_IN = "c_in", "s_in"
@@ -53,6 +57,12 @@ FLOW_PREF = 20         # ... of flow_ingress on c_in / s_in
 SUPERVISOR_UNIT = "pep-supervisor@.service"
 EXPORTER_UNIT = "pep-exporter@.service"
 REGISTER = "/run/pep-instances"   # one file per instance that is up (or coming up), whatever its run_dir
+CRASH_LOG = "/var/log/pep/pepctl-errors.log"   # what pepctl knows of an error it did not expect (pepctl/cli.py)
+NFT_SUFFIX = ".nft"               # GRAPH.nft
+RULES_SUFFIX = ".bypass.rules"    # GRAPH.bypass.rules
+TMP_SUFFIX = ".tmp"               # a file being written, renamed into place when whole (pepctl/runner.py)
+NEW_SUFFIX = ".new"               # haproxy.cfg.new: a reload's config, checked before it replaces the running one
+OLD_SUFFIX = ".1"                 # experiment.jsonl.1: the log's previous part, kept when it grows too long
 # Congestion controls are host-wide: their pins and lock are the host's, not an instance's (whose
 # bpf_dir may differ), so every instance finds the one registration.
 CONGESTION_DIR = "/sys/fs/bpf/pep-congestion"
@@ -66,11 +76,13 @@ class InstanceNames:
     dir: str              # the instance's folder
     proxy_dir: str        # the proxy user's folder inside it
     journal: str
+    reload_journal: str   # the undo of a reload that runs (or was cut short): pepctl/reload.py
     lock: str
-    pins: str             # bpf_dir/INSTANCE
-    steer_pins: str
-    flow_pins: str
+    pins: str | None      # bpf_dir/INSTANCE (None: names from the folder alone, folder_names)
+    steer_pins: str | None
+    flow_pins: str | None
     haproxy_cfg: str
+    haproxy_cfg_new: str  # a reload's config, checked before it replaces haproxy_cfg
     haproxy_sock: str     # a link to the current HAProxy's own socket (haproxy/supervise.py)
     haproxy_sock_longest: str   # the longest name a HAProxy process's socket takes: it must fit sun_path
     haproxy_log: str
@@ -103,18 +115,21 @@ class GraphNames:
     macs: dict            # c_in, s_in, c_out, s_out -> MAC address, stable across down and up
 
 
-def instance_names(cfg: Config) -> InstanceNames:
-    inst, run = cfg.host.instance, cfg.host.run_dir
-    d = os.path.join(run, inst)
+def instance_names(instance: str, run_dir: str, bpf_dir: str | None = None) -> InstanceNames:
+    """An instance's names. bpf_dir None: its files only (a process that knows just its folder,
+    run_dir/INSTANCE: the exporter, the keeper); the pin fields are then None."""
+    d = os.path.join(run_dir, instance)
     sup = supervisor_files(d)   # the supervisor's files: named where it runs, taken from there
     proxy = os.path.dirname(sup["sock"])
-    pins = os.path.join(cfg.host.bpf_dir, inst)
+    pins = os.path.join(bpf_dir, instance) if bpf_dir is not None else None
     return InstanceNames(
-        instance=inst, run_dir=run, dir=d, proxy_dir=proxy,
-        journal=os.path.join(run, f"{inst}.journal"),
-        lock=os.path.join(run, f"{inst}.lock"),
-        pins=pins, steer_pins=os.path.join(pins, "steer"), flow_pins=os.path.join(pins, "flow"),
+        instance=instance, run_dir=run_dir, dir=d, proxy_dir=proxy,
+        journal=os.path.join(run_dir, f"{instance}.journal"),
+        reload_journal=os.path.join(run_dir, f"{instance}.reload.journal"),
+        lock=os.path.join(run_dir, f"{instance}.lock"),
+        pins=pins, steer_pins=pins and os.path.join(pins, "steer"), flow_pins=pins and os.path.join(pins, "flow"),
         haproxy_cfg=sup["cfg"],
+        haproxy_cfg_new=sup["cfg"] + NEW_SUFFIX,
         haproxy_sock=sup["sock"],
         haproxy_sock_longest=os.path.join(proxy, socket_name(SERIALS - 1)),
         haproxy_log=sup["log"],
@@ -123,7 +138,7 @@ def instance_names(cfg: Config) -> InstanceNames:
         supervisor_pid=sup["pid"],
         supervisor_state=sup["state"],
         supervisor_log=sup["supervisor_log"],
-        register=os.path.join(REGISTER, f"{inst}.json"),
+        register=os.path.join(REGISTER, f"{instance}.json"),
         exporter_keeper_pid=os.path.join(d, "exporter-keeper.pid"),
         exporter_pid=os.path.join(d, "exporter.pid"),
         exporter_log=os.path.join(d, "exporter.log"),
@@ -132,21 +147,45 @@ def instance_names(cfg: Config) -> InstanceNames:
     )
 
 
-def graph_names(cfg: Config, g: Graph) -> GraphNames:
-    inst = cfg.host.instance
-    d = os.path.join(cfg.host.run_dir, inst)
-    c_in, s_in = ifindexes(g.index)
+def folder_names(instance_dir: str) -> InstanceNames:
+    """The names of the instance whose folder is instance_dir (run_dir/INSTANCE), files only."""
+    return instance_names(os.path.basename(instance_dir), os.path.dirname(instance_dir))
+
+
+def previous_log(path: str) -> str:
+    """Where a log's previous part goes when it grows too long (one is kept)."""
+    return path + OLD_SUFFIX
+
+
+def instance_files(n: InstanceNames) -> list[str]:
+    """What the instance's folder may hold, as names and "*SUFFIX" patterns (pepctl/runner.py
+    remove_dir): its undo removes these and nothing else."""
+    files = [n.haproxy_cfg, n.haproxy_cfg_new, n.keeper_pid, n.keeper_log, n.exporter_keeper_pid, n.exporter_pid,
+             n.exporter_log, n.experiment_log, previous_log(n.experiment_log)]
+    return [os.path.basename(f) for f in files] + [f"*{s}" for s in (TMP_SUFFIX, NFT_SUFFIX, RULES_SUFFIX)]
+
+
+def proxy_files(n: InstanceNames) -> list[str]:
+    """What the proxy's folder may hold: the supervisor's files, and HAProxy's sockets."""
+    files = [n.haproxy_log, n.supervisor_pid, n.supervisor_state, n.supervisor_log]
+    return [os.path.basename(f) for f in files] + ["*.sock", f"*{TMP_SUFFIX}"]
+
+
+def graph_names(instance: str, run_dir: str, graph: str, slot: int, access_vlan: int, origin_vlan: int) -> GraphNames:
+    """A graph's names: graph is its name, slot its 0-based place among the config's graphs."""
+    d = os.path.join(run_dir, instance)
+    c_in, s_in = ifindexes(slot)
     return GraphNames(
-        graph=g.name, slot=g.index,
-        netns=f"{inst}-{g.name}",
-        c_out=f"{inst}c{g.access.vlan}",
-        s_out=f"{inst}s{g.origin.vlan}",
+        graph=graph, slot=slot,
+        netns=f"{instance}-{graph}",
+        c_out=f"{instance}c{access_vlan}",
+        s_out=f"{instance}s{origin_vlan}",
         c_in_ifindex=c_in, s_in_ifindex=s_in,
-        proxy=f"graph_{g.name}",
-        nft_table=f"pep_{inst}",
-        nft_file=os.path.join(d, f"{g.name}.nft"),
-        live_rules=os.path.join(d, f"{g.name}.bypass.rules"),
-        macs={link: stable_mac(inst, g.name, link) for link in (C_IN, S_IN, "c_out", "s_out")},
+        proxy=f"graph_{graph}",
+        nft_table=f"pep_{instance}",
+        nft_file=os.path.join(d, graph + NFT_SUFFIX),
+        live_rules=os.path.join(d, graph + RULES_SUFFIX),
+        macs={link: stable_mac(instance, graph, link) for link in (C_IN, S_IN, "c_out", "s_out")},
     )
 
 

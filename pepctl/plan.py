@@ -28,7 +28,7 @@ import socket
 from haproxy.render import STATS_ENV, GraphProxy, Process, render
 
 from . import bypass, congestion, experiment, flow_maps, nsutil, register, routing, service, steering
-from .config import Config, ConfigError, FieldError, Graph, Side
+from .config import Config, Graph, Side
 from .hostinfo import HostInfo, maxconn_for
 from .names import (
     C_IN,
@@ -40,9 +40,9 @@ from .names import (
     S_IN,
     TRUNK_PREF,
     GraphNames,
-    graph_names,
     in_netns,
-    instance_names,
+    instance_files,
+    proxy_files,
 )
 from .render_nft import render_nft
 from .runner import Call, Step, StepError, action, daemon_step, note, remove_file, run, run_json, wait_for, write_file
@@ -155,7 +155,7 @@ def proxied(cfg: Config) -> list[Graph]:
 
 
 def host_steps(cfg: Config, info: HostInfo) -> list[Step]:
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     steps = [
         Step("mount bpffs at /sys/fs/bpf", ["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], done=_mounted_bpffs),
         mkdir_step(cfg.host.bpf_dir, 0o700, ours=[], what=f"create {cfg.host.bpf_dir}"),
@@ -167,18 +167,12 @@ def host_steps(cfg: Config, info: HostInfo) -> list[Step]:
                   Step("load the flow program and maps (interception, bypass, fail-open)",
                        loadall_argv(FLOW_OBJ, n.flow_pins))]
     steps += [
-        mkdir_step(n.dir, 0o750, gid=info.proxy_gid, ours=INSTANCE_FILES, what=f"create run folder {n.dir}"),
-        mkdir_step(n.proxy_dir, 0o750, uid=info.proxy_uid, gid=info.proxy_gid, ours=PROXY_FILES,
+        mkdir_step(n.dir, 0o750, gid=info.proxy_gid, ours=instance_files(n), what=f"create run folder {n.dir}"),
+        mkdir_step(n.proxy_dir, 0o750, uid=info.proxy_uid, gid=info.proxy_gid, ours=proxy_files(n),
                    what=f"create the proxy's folder {n.proxy_dir}"),
         *tuning_steps(cfg, info),
     ]
     return steps
-
-
-# What the instance's folders may hold: the undo removes these and nothing else.
-INSTANCE_FILES = ["haproxy.cfg", "haproxy.cfg.new", "*.tmp", "*.nft", "*.bypass.rules", "keeper.pid", "keeper.log",
-                  "exporter-keeper.pid", "exporter.pid", "exporter.log", "experiment.jsonl", "experiment.jsonl.1"]
-PROXY_FILES = ["*.sock", "haproxy.log", "supervisor.pid", "supervisor.json", "supervisor.log", "*.tmp"]
 
 
 def _onlink(side: Side, net) -> bool:
@@ -189,12 +183,13 @@ def _gateway(side: Side, version: int):
     return next((gw for gw in side.gateways if gw.version == version), None)
 
 
-def route_lines(cfg: Config, g: Graph) -> list[str]:
+def route_lines(g: Graph) -> list[str]:
     """Addresses without kernel prefix routes, then one route per prefix with its side's congestion
     control and initial congestion window (both route metrics, congctl and initcwnd: every
-    connection on that side takes them)."""
-    lines, errors = [], []
-    for side_name, side, dev in (("access", g.access, C_IN), ("origin", g.origin, S_IN)):
+    connection on that side takes them). A prefix off every subnet of its side has a gateway of
+    its family: the config refused it otherwise (config/sides.py unreachable_prefixes)."""
+    lines = []
+    for side, dev in ((g.access, C_IN), (g.origin, S_IN)):
         window = f" initcwnd {side.initcwnd}" if side.initcwnd else ""
         for addr in side.addresses:
             lines.append(f"addr add {addr} dev {dev} noprefixroute" + (" nodad" if addr.version == 6 else ""))
@@ -205,21 +200,13 @@ def route_lines(cfg: Config, g: Graph) -> list[str]:
                        if net.version == addr.version):
                 lines.append(f"route replace {addr.network} dev {dev} scope link src {addr.ip} proto static "
                              f"congctl {side.congestion}{window}")
-        for i, net in enumerate(side.prefixes):
+        for net in side.prefixes:
             if _onlink(side, net):
                 src = next(a.ip for a in side.addresses if a.version == net.version and net.subnet_of(a.network))
                 via = f"dev {dev} scope link src {src}"
             else:
-                gw = _gateway(side, net.version)
-                if gw is None:
-                    errors.append(FieldError(cfg.path, f"graph[{g.index}].{side_name}.prefixes[{i}]", str(net),
-                                             f"not on-link and no IPv{net.version} gateway on the {side_name} "
-                                             f"side; add one to graph[{g.index}].{side_name}.gateways"))
-                    continue
-                via = f"via {gw} dev {dev}"
+                via = f"via {_gateway(side, net.version)} dev {dev}"
             lines.append(f"route replace {net} {via} proto static congctl {side.congestion}{window}")
-    if errors:
-        raise ConfigError(errors)
     return lines
 
 
@@ -255,7 +242,7 @@ def graph_batch(cfg: Config, g: Graph, n: GraphNames) -> str:
              f"link add {S_IN} index {n.s_in_ifindex} address {n.macs[S_IN]} type veth "
              f"peer name {n.s_out} address {n.macs['s_out']} netns {pid}",
              "link set lo up", f"link set {C_IN} up", f"link set {S_IN} up",
-             *route_lines(cfg, g), *interception_lines(g, 4)]
+             *route_lines(g), *interception_lines(g, 4)]
     return "\n".join(lines) + "\n"
 
 
@@ -285,7 +272,7 @@ def _flow_graph(pins: str, slot: int, flags: int, listen_port: int, addrs: list,
 
 
 def flow_graph_step(cfg: Config, g: Graph, n: GraphNames) -> Step:
-    pins = instance_names(cfg).flow_pins
+    pins = cfg.instance_names().flow_pins
     flags, listen, control = flow_flags(g)
     addrs = [str(a.ip) for s in (g.access, g.origin) for a in s.addresses]
     ports = [list(r) for r in g.proxy.ports or ()]
@@ -316,7 +303,7 @@ BPF_SYSCTLS = [("net.ipv4.tcp_max_tw_buckets", "0")]
 
 def graph_steps(cfg: Config, g: Graph) -> list[Step]:
     """The graph's namespace: links, addresses, routes, sysctls."""
-    n = graph_names(cfg, g)
+    n = cfg.graph_names(g)
     sysctls = NETNS_SYSCTLS + (BPF_SYSCTLS if g.proxy.enabled and g.proxy.interception == "bpf" else [])
     return [Step(f"links, addresses and routes of graph {g.name} in {n.netns}", ["ip", "-n", n.netns, "-batch", "-"],
                  input=graph_batch(cfg, g, n)),
@@ -326,9 +313,9 @@ def graph_steps(cfg: Config, g: Graph) -> list[Step]:
 def graph_proxy_steps(cfg: Config, g: Graph) -> list[Step]:
     """A proxied graph's interception: policy rules, nft table (mode nft), its flow map entries
     and bypass rules, and flow_ingress on both links."""
-    n = graph_names(cfg, g)
+    n = cfg.graph_names(g)
     ns = n.netns
-    inst = instance_names(cfg)
+    inst = cfg.instance_names()
     steps = []
     steps.append(Step(f"IPv6 interception rules of graph {g.name}", ["ip", "-n", ns, "-6", "-batch", "-"],
                       input="\n".join(interception_lines(g, 6)) + "\n"))
@@ -349,7 +336,7 @@ def namespaces_step(cfg: Config) -> Step:
     """Every graph's namespace in one `ip -batch`; the undo removes them with their links."""
     make, spaces, links = [], [], []
     for g in cfg.graphs:
-        n = graph_names(cfg, g)
+        n = cfg.graph_names(g)
         make.append(f"netns add {n.netns}")
         spaces.append(n.netns)
         links += [n.c_out, n.s_out]
@@ -381,14 +368,14 @@ def ports_up_step(cfg: Config) -> Step:
     """The host ends carry only redirected frames: no IPv6 address of their own, then up."""
     lines = []
     for g in cfg.graphs:
-        n = graph_names(cfg, g)
+        n = cfg.graph_names(g)
         for port in (n.c_out, n.s_out):
             lines += [f"link set {port} addrgenmode none", f"link set {port} up"]
     return Step("bring up the host ends of every graph", ["ip", "-batch", "-"], input="\n".join(lines) + "\n")
 
 
 def haproxy_steps(cfg: Config, info: HostInfo) -> list[Step]:
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     text = haproxy_config(cfg, info)
     how = service.backend(cfg.host.supervisor)
     start, stop = service.start_call(n, how)
@@ -406,7 +393,7 @@ def exporter_steps(cfg: Config) -> list[Step]:
     if not cfg.host.metrics_port:
         return []
     how = service.backend(cfg.host.supervisor)
-    start, stop = service.exporter_calls(instance_names(cfg), how, cfg.host.metrics_address, cfg.host.metrics_port)
+    start, stop = service.exporter_calls(cfg.instance_names(), how, cfg.host.metrics_address, cfg.host.metrics_port)
     return [Step(f"start the metrics exporter on {_host_port(cfg.host.metrics_address, cfg.host.metrics_port)} "
                  f"({'systemd' if how == 'systemd' else 'pepctl keeper'})", start, undo=stop)]
 
@@ -432,7 +419,7 @@ def haproxy_config(cfg: Config, info: HostInfo) -> str:
         p = g.proxy
         ports = (str(p.listen_port),) if p.one_listener else \
             tuple(_port_arg(lo, hi) for lo, hi in p.ports or ())
-        proxies.append(GraphProxy(name=graph_names(cfg, g).proxy, netns=graph_names(cfg, g).netns, ports=ports,
+        proxies.append(GraphProxy(name=cfg.graph_names(g).proxy, netns=cfg.graph_names(g).netns, ports=ports,
                                   mode=p.mode, splice=p.splice, maxconn=min(p.maxconn or total, total),
                                   log_connections=p.log_connections))
     return render(Process(title=f"instance {cfg.host.instance}", cpus=tuple(cpus), maxconn=total), proxies)
@@ -441,7 +428,7 @@ def haproxy_config(cfg: Config, info: HostInfo) -> str:
 def register_steps(cfg: Config) -> list[Step]:
     """The host's register of running instances: what checks.conflicts reads. The folder is shared
     by the instances of the host: whichever leaves it empty removes it."""
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     text = json.dumps(register.register_entry(cfg), indent=1) + "\n"
     return [Step(f"register instance {cfg.host.instance} in {REGISTER}",
                  Call("register", (n.register, text), f"mkdir -p {REGISTER} && cat > {n.register} <<'EOF'\n"
@@ -465,7 +452,7 @@ def _unregister(path: str) -> None:
 
 
 def build(cfg: Config, info: HostInfo) -> list[Step]:
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     steps = [note("the config", text) for text in cfg.notices]
     steps += register_steps(cfg) + host_steps(cfg, info)
     # Before any route names it (the kernel refuses `congctl` of a name it lacks).
@@ -476,8 +463,8 @@ def build(cfg: Config, info: HostInfo) -> list[Step]:
     for g in cfg.graphs:
         steps += graph_steps(cfg, g)
     steps.append(ports_up_step(cfg))
-    ports = [(v, p) for g in cfg.graphs for v, p in ((g.access.vlan, graph_names(cfg, g).c_out),
-                                                      (g.origin.vlan, graph_names(cfg, g).s_out))]
+    ports = [(v, p) for g in cfg.graphs for v, p in ((g.access.vlan, cfg.graph_names(g).c_out),
+                                                      (g.origin.vlan, cfg.graph_names(g).s_out))]
     steps.append(steer_ports_step(n.steer_pins, ports, cfg.host.nic))
     steps.append(Step("attach port_ingress to the host end of every graph", ["tc", "-batch", "-"],
                       input=port_attach_batch(n.steer_pins, [p for _, p in ports])))
@@ -501,8 +488,8 @@ def routing_steps(cfg: Config) -> list[Step]:
     (pepctl/routing.py renders their configs)."""
     if cfg.routing is None:
         return []
-    n = instance_names(cfg)
-    ns = graph_names(cfg, routing_graph(cfg)).netns
+    n = cfg.instance_names()
+    ns = cfg.graph_names(routing_graph(cfg)).netns
     folder = n.frr_dir
     steps = [mkdir_step(folder, 0o750, ours=routing.FRR_FILES, what=f"create FRR's folder {folder}")]
     for daemon, text in routing.configs(cfg.routing, routing.hostname(cfg.host.instance, cfg.routing)).items():

@@ -13,7 +13,7 @@ import json
 import os
 
 from .config import Config
-from .names import REGISTER, instance_names
+from .names import REGISTER
 
 
 def netns_id() -> list[int]:
@@ -29,7 +29,7 @@ def congestion_of(cfg: Config) -> list[str]:
 
 def register_entry(cfg: Config) -> dict:
     """What the host's register says of an instance that is up: enough to refuse a second one."""
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     return {"instance": cfg.host.instance, "config": cfg.path, "run_dir": cfg.host.run_dir, "bpf_dir": cfg.host.bpf_dir,
             "journal": n.journal, "pins": n.pins, "nic": cfg.host.nic, "netns": netns_id(),
             "vlans": sorted(v for g in cfg.graphs for v in (g.access.vlan, g.origin.vlan)),

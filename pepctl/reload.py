@@ -1,16 +1,32 @@
-"""`pepctl reload`: apply a changed config without dropping a connection.
+"""`pepctl reload`: apply a changed config without dropping a connection, as a plan.
 
 What may change live: each graph's [graph.proxy] settings (splice, mode, maxconn, logging, the
-intercepted ports, listen_port in modes bpf and nft) and [graph.bypass], and HAProxy's own
-[host] settings (threads, maxconn, metrics). The flow maps and the nft tables are updated in
-place; HAProxy gets its new config through its supervisor, which starts a new HAProxy that
-takes the listening sockets over and lets the old one finish its connections: no connection
-of any graph is touched, changed or not. Anything structural (VLANs, addresses, graphs,
-interception mode, NIC, folders) needs `down` then `up`; reload says so and changes nothing.
+intercepted ports, listen_port in modes bpf and nft), [graph.bypass] and [graph.experiment],
+and HAProxy's own [host] settings (threads, maxconn, metrics). Anything structural (VLANs,
+addresses, graphs, interception mode, NIC, folders) needs `down` then `up`; reload says so and
+changes nothing.
 
 [routing]: the cluster's hosts and the pinned assignments change live (a host added or taken
 out): FRR's prefix lists are replaced and the routers told, so this host announces the shares
 it owns now. Its AS, peers, shares and addresses are structural.
+
+A reload is a plan like `up`'s (pepctl/runner.py): Steps computed from the running config (the
+journal's) and the new one, only for what changes, each with the undo that puts back what it
+changed. `pepctl plan --reload` prints them. In order:
+
+  1. HAProxy's new config, written beside the running one and checked (`haproxy -c`);
+  2. graph by graph: its nft table (mode nft, replaced in one transaction), the ports it
+     intercepts (new ones first: a port is never neither intercepted nor routed), its flags and
+     listener, its bypass rules;
+  3. [routing]: the shares this host announces;
+  4. HAProxy's config replaced, and HAProxy reloaded through its supervisor, which starts a new
+     HAProxy that takes the listening sockets over and lets the old one finish its connections.
+
+Each undo is journaled before its step runs, in run_dir/INSTANCE.reload.journal: a step that
+fails, at any graph, rolls back every step before it, and every graph is as it was before the
+reload. A reload cut short (killed, the host down) is rolled back by the next reload or `down`
+(recover). Once every step has run, the instance's journal takes the new config, and the
+reload journal goes.
 """
 
 from __future__ import annotations
@@ -24,10 +40,23 @@ from . import bypass, drain, flow_maps, routing, service
 from . import config as configmod
 from .config import Config, ConfigError, FieldError
 from .hostinfo import HostInfo
-from .names import graph_names, in_netns, instance_names
+from .names import folder_names, in_netns
 from .plan import flow_flags, haproxy_check_argv, haproxy_config
 from .render_nft import render_nft
-from .runner import Journal, StepError, read_pid, run, wait_for, write_file
+from .runner import (
+    Call,
+    Journal,
+    Step,
+    StepError,
+    action,
+    apply,
+    read_pid,
+    remove_file,
+    run,
+    undo_all,
+    wait_for,
+    write_file,
+)
 
 LIVE_PROXY = {"splice", "mode", "maxconn", "log_connections", "ports", "listen_port"}
 LIVE_HOST = {"threads", "maxconn"}
@@ -65,55 +94,104 @@ def structural_changes(old: Config, new: Config) -> list[FieldError]:
     return found
 
 
-def reload(cfg: Config, info: HostInfo, journal: Journal, config_text: str, digest: str, out) -> int:
-    n = instance_names(cfg)
-    if not (journal.exists and journal.complete):
-        print(f"pepctl reload: instance {cfg.host.instance} is not up; run `pepctl up`", file=sys.stderr)
-        return 1
+def running_config(cfg: Config, journal: Journal) -> Config:
+    """The config the instance runs (its journal's), to compare the new one with."""
     try:
-        old = configmod.parse(journal.meta["config_text"], journal.meta["config"])
+        return configmod.parse(journal.meta["config_text"], journal.meta["config"])
     except ConfigError as e:
         raise ConfigError([FieldError(cfg.path, "(reload)", "", f"the running instance's config, "
                                       f"{journal.meta['config']}, no longer passes this pepctl's checks "
                                       f"({e.errors[0]}); reload cannot compare with it: take the instance down "
                                       "and up with the new config")]) from None
+
+
+def steps(cfg: Config, old: Config, info: HostInfo) -> list[Step]:
+    """What a reload from old to cfg does, only what changes; refuses structural changes."""
     problems = structural_changes(old, cfg)
     if problems:
         raise ConfigError(problems + [FieldError(cfg.path, "(reload)", "",
                                                  "these need `pepctl down` then `pepctl up`; nothing was changed")])
     check_routing(cfg, old)
-    proxied = [g for g in cfg.graphs if g.proxy.enabled]
+    n = cfg.instance_names()
+    proxied = any(g.proxy.enabled for g in cfg.graphs)
+    out = []
     if proxied:
         text = haproxy_config(cfg, info)
-        write_file(n.haproxy_cfg + ".new", text, 0o640, info.proxy_gid)
-        check = run(haproxy_check_argv(n, n.haproxy_cfg + ".new"), check=False)
-        if check.returncode != 0:
-            os.unlink(n.haproxy_cfg + ".new")
-            print(f"pepctl reload: the new HAProxy config is invalid: {check.stderr.strip()}; nothing was changed",
-                  file=sys.stderr)
-            return 1
+        out += [Step(f"write {n.haproxy_cfg_new}", Call("write", (n.haproxy_cfg_new, text, 0o640, info.proxy_gid),
+                                                        f"cat > {n.haproxy_cfg_new} <<'EOF'\n{text.rstrip()}\nEOF"),
+                     undo=Call("remove", (n.haproxy_cfg_new,), f"rm {n.haproxy_cfg_new}")),
+                Step(f"check {n.haproxy_cfg_new}", haproxy_check_argv(n, n.haproxy_cfg_new))]
     for g, o in zip(cfg.graphs, old.graphs, strict=True):
-        if not g.proxy.enabled:
-            continue
-        gn = graph_names(cfg, g)
-        if g.proxy.interception == "nft":
-            write_file(gn.nft_file, render_nft(g, table=gn.nft_table, mark=flow_maps.LOCAL_MARK))
-            run(in_netns(gn.netns, ["nft", "-f", gn.nft_file]))
-        flags, listen, control = flow_flags(g)
-        # New ports first, then the flags: a port is never left neither intercepted nor routed.
-        flow_maps.set_intercept_ports(n.flow_pins, gn.slot, o.proxy.ports or (), g.proxy.ports or ())
-        flow_maps.set_flags(n.flow_pins, gn.slot, flags, listen, control)
-        added, removed = bypass.sync(cfg, g, bypass.config_rules(o.bypass))
-        print(f"  graph {g.name}: flow maps updated; {added} bypass rule(s) installed, {removed} removed", file=out)
+        if g.proxy.enabled:
+            out += graph_steps(cfg, g, o)
     if cfg.routing is not None and cfg.routing != old.routing:
-        print(f"  routing: {reannounce(cfg, old)}", file=out)
+        out.append(routing_step(cfg, old))
     if proxied:
-        os.replace(n.haproxy_cfg + ".new", n.haproxy_cfg)
-        detail = reload_haproxy(n)
-        print(f"  HAProxy reloaded: {detail}", file=out)
-    journal.update_meta(config_sha256=digest, config_text=config_text)
-    print(f"instance {cfg.host.instance} reloaded", file=out)
-    return 0
+        with open(n.haproxy_cfg) as f:
+            running = f.read()
+        out.append(Step("replace HAProxy's config and reload HAProxy (its supervisor starts a new one; the old "
+                        "one finishes its connections)",
+                        Call("haproxy_reload", (n.dir, n.haproxy_cfg_new),
+                             f"mv {n.haproxy_cfg_new} {n.haproxy_cfg}; kill -HUP $(cat {n.supervisor_pid})"),
+                        undo=Call("haproxy_restore", (n.dir, running, info.proxy_gid),
+                                  f"put back {n.haproxy_cfg} as it was; kill -HUP $(cat {n.supervisor_pid})")))
+    return out
+
+
+def graph_steps(cfg: Config, g, o) -> list[Step]:
+    """A proxied graph's changes: nft table, intercepted ports, flags and listener, bypass rules."""
+    gn = cfg.graph_names(g)
+    pins = cfg.instance_names().flow_pins
+    out = []
+    if g.proxy.interception == "nft":
+        new = render_nft(g, table=gn.nft_table, mark=flow_maps.LOCAL_MARK)
+        with open(gn.nft_file) as f:
+            running = f.read()
+        if new != running:
+            out.append(Step(f"replace the nftables table {gn.nft_table} of graph {g.name} in {gn.netns}",
+                            Call("nft_table", (gn.netns, gn.nft_file, new),
+                                 f"cat > {gn.nft_file} <<'EOF'\n{new.rstrip()}\nEOF\n"
+                                 + " ".join(in_netns(gn.netns, ["nft", "-f", gn.nft_file]))),
+                            undo=Call("nft_table", (gn.netns, gn.nft_file, running),
+                                      f"load {gn.nft_table} of graph {g.name} as it was")))
+    old_ports, new_ports = [list(r) for r in o.proxy.ports or ()], [list(r) for r in g.proxy.ports or ()]
+    if old_ports != new_ports:
+        out.append(Step(f"intercepted ports of graph {g.name}: {ports_text(new_ports)} (were {ports_text(old_ports)})",
+                        Call("intercept_ports", (pins, gn.slot, old_ports, new_ports),
+                             f"# bpf(2) {pins}/maps: intercept_ports of slot {gn.slot}: {ports_text(new_ports)}"),
+                        undo=Call("intercept_ports", (pins, gn.slot, new_ports, old_ports),
+                                  f"intercepted ports of slot {gn.slot} back to {ports_text(old_ports)}")))
+    before, after = list(flow_flags(o)), list(flow_flags(g))
+    if before != after:
+        flags, listen, control = after
+        out.append(Step(f"flags of graph {g.name}: {flags:#x}, listener port {listen}",
+                        Call("graph_flags", (pins, gn.slot, *after),
+                             f"# bpf(2) {pins}/maps: graphs[{gn.slot}] = {{flags {flags:#x}, listen_port {listen}, "
+                             f"control {list(control)}}}"),
+                        undo=Call("graph_flags", (pins, gn.slot, *before), f"graphs[{gn.slot}] back as it was")))
+    live = bypass.read_live(cfg, g)
+    rules_before, rules_after = bypass.config_rules(o.bypass) | live, bypass.config_rules(g.bypass) | live
+    if rules_before != rules_after:
+        out.append(bypass.change_step(cfg, g, rules_before, rules_after))
+    return out
+
+
+def ports_text(ranges: list) -> str:
+    return ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges) or "all"
+
+
+def routing_step(cfg: Config, old: Config) -> Step:
+    """The cluster changed: this host announces the shares it owns now (none while drained)."""
+    held = drain.state(cfg)
+    drained = bool(held and held.get("withdrawn"))
+    before, now = routing.roles(old.routing), routing.roles(cfg.routing)
+    moved = [f"{k} ({before.get(k, 'none')} -> {now.get(k, 'none')})"
+             for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+    what = "this host is drained: it announces nothing until `pepctl drain --undo`" if drained else \
+        f"shares {', '.join(moved)} changed" if moved else "this host's shares are unchanged"
+    undo = drain.announce_call(old, drained)
+    return Step(f"routing: {what}", drain.announce_call(cfg, drained),
+                undo=Call(undo.name, undo.args, "announce the shares as before the reload"))
 
 
 def check_routing(cfg: Config, old: Config) -> None:
@@ -124,17 +202,42 @@ def check_routing(cfg: Config, old: Config) -> None:
                         "or undo it (`pepctl drain --undo`), then reload; nothing was changed")
 
 
-def reannounce(cfg: Config, old: Config) -> str:
-    """The cluster changed: this host announces the shares it owns now (none while drained)."""
-    held = drain.state(cfg)
-    if held is not None and held.get("withdrawn"):
-        drain.announce(cfg, drained=True)        # the config files follow the new cluster
-        return "this host is drained: it announces nothing until `pepctl drain --undo`"
-    drain.announce(cfg, drained=False)
-    before, now = routing.roles(old.routing), routing.roles(cfg.routing)
-    moved = [f"{k} ({before.get(k, 'none')} -> {now.get(k, 'none')})"
-             for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
-    return f"shares {', '.join(moved)} changed" if moved else "this host's shares are unchanged"
+@action("nft_table")
+def _nft_table(ns: str, path: str, text: str) -> None:
+    """A graph's nft table from text (the script replaces the table in one transaction), and its file."""
+    write_file(path, text)
+    run(in_netns(ns, ["nft", "-f", path]))
+
+
+@action("intercept_ports")
+def _intercept_ports(pins: str, slot: int, old: list, new: list) -> None:
+    flow_maps.set_intercept_ports(pins, slot, [tuple(r) for r in old], [tuple(r) for r in new])
+
+
+@action("graph_flags")
+def _graph_flags(pins: str, slot: int, flags: int, listen_port: int, control: list) -> None:
+    flow_maps.set_flags(pins, slot, flags, listen_port, tuple(control))
+
+
+@action("haproxy_reload")
+def _haproxy_reload(instance_dir: str, new: str) -> None:
+    n = folder_names(instance_dir)
+    os.replace(new, n.haproxy_cfg)
+    reload_haproxy(n)
+
+
+@action("haproxy_restore")
+def _haproxy_restore(instance_dir: str, text: str, gid: int | None) -> None:
+    """HAProxy's config as it was, and HAProxy reloaded with it if the config had changed."""
+    n = folder_names(instance_dir)
+    try:
+        with open(n.haproxy_cfg) as f:
+            same = f.read() == text
+    except FileNotFoundError:
+        same = False
+    if not same:
+        write_file(n.haproxy_cfg, text, 0o640, gid)
+        reload_haproxy(n)
 
 
 def reload_haproxy(n, timeout: float = 60) -> str:
@@ -151,3 +254,54 @@ def reload_haproxy(n, timeout: float = 60) -> str:
     if not last["ok"]:
         raise StepError(f"HAProxy reload failed: {last['detail']}; the old HAProxy keeps running")
     return last["detail"]
+
+
+# -- running it ------------------------------------------------------------------------------------
+def recover(cfg: Config, journal: Journal, out) -> list[str]:
+    """A reload cut short: finished if all its steps ran (the instance's journal takes its config),
+    else rolled back. Returns the undos that failed (kept in the reload journal, for the next try)."""
+    rj = Journal(cfg.instance_names().reload_journal)
+    if not rj.exists:
+        return []
+    if rj.complete:
+        if journal.exists and journal.meta.get("config_sha256") != rj.meta.get("config_sha256"):
+            journal.update_meta(config_sha256=rj.meta["config_sha256"], config_text=rj.meta["config_text"])
+        rj.remove()
+        return []
+    print(f"a previous `reload` of {cfg.host.instance} did not finish: rolling it back", file=out)
+    errors = undo_all(rj, log=lambda m: print(m, file=out))
+    if not errors:
+        rj.remove()
+    return errors
+
+
+def reload(cfg: Config, info: HostInfo, journal: Journal, config_text: str, digest: str, out) -> int:
+    n = cfg.instance_names()
+    if not (journal.exists and journal.complete):
+        print(f"pepctl reload: instance {cfg.host.instance} is not up; run `pepctl up`", file=sys.stderr)
+        return 1
+    errors = recover(cfg, journal, out)
+    if errors:
+        print("pepctl reload: could not roll back the previous reload:\n  " + "\n  ".join(errors)
+              + "\nrun `pepctl reload` again to retry, or `pepctl down`", file=sys.stderr)
+        return 1
+    plan = steps(cfg, running_config(cfg, journal), info)
+    rj = Journal(n.reload_journal)
+    rj.start({"config": cfg.path, "config_sha256": digest, "config_text": config_text, "pid": os.getpid()})
+    try:
+        apply(plan, rj, log=lambda m: print(m, file=out))
+    except (StepError, OSError) as e:
+        left = rj.undo
+        if not left:
+            rj.remove()
+        print(f"pepctl reload: {e}\n" + ("rolled back: the instance runs its previous config, every graph as it was"
+                                          if not left else "the rollback left undo steps in "
+                                          f"{n.reload_journal}: run `pepctl reload` again to retry them"),
+              file=sys.stderr)
+        return 1
+    rj.mark_complete()
+    journal.update_meta(config_sha256=digest, config_text=config_text)
+    rj.remove()
+    remove_file(n.haproxy_cfg_new)
+    print(f"instance {cfg.host.instance} reloaded", file=out)
+    return 0

@@ -28,6 +28,7 @@ import time
 from html import escape
 
 from .experiment import SIZE_CLASSES, size_class
+from .names import previous_log
 
 RESAMPLES = 2000
 SEED = 1
@@ -279,7 +280,8 @@ def run(args, log_path: str, out=sys.stdout) -> int:
         return 1
     records, left_out = [], {"skipped": 0, "empty": 0}
     # The exporter rotates the log to .1 beyond LOG_MAX_BYTES: the older records are read first.
-    for path in (log_path + ".1", log_path) if os.path.exists(log_path + ".1") else (log_path,):
+    older = previous_log(log_path)
+    for path in (older, log_path) if os.path.exists(older) else (log_path,):
         try:
             got, counts = read_records(path, strict=getattr(args, "strict", False))
         except RecordError as e:

@@ -25,6 +25,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class StepError(RuntimeError):
@@ -153,12 +154,14 @@ def stop_pidfile(path: str, *, grace: float = 5.0) -> None:
         pass
 
 
-def wait_for(cond: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.02) -> None:
-    """Poll until cond() is true or raise StepError after timeout seconds."""
+def wait_for(cond: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.02) -> Any:
+    """Poll until cond() returns something true, and return it; StepError after timeout seconds.
+    The one wait of pepctl, the lab, the tests and the benchmarks."""
     deadline = time.monotonic() + timeout
     while True:
-        if cond():
-            return
+        got = cond()
+        if got:
+            return got
         if time.monotonic() > deadline:
             raise StepError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(interval)

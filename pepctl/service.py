@@ -30,7 +30,7 @@ import time
 
 from haproxy.supervise import haproxy_pids, is_our_haproxy, read_state
 
-from .names import EXPORTER_UNIT, SUPERVISOR_UNIT, InstanceNames, unit_name
+from .names import EXPORTER_UNIT, SUPERVISOR_UNIT, InstanceNames, folder_names, unit_name
 from .runner import Call, StepError, action, pid_alive, read_pid, remove_file, run, stop_pid
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -289,7 +289,7 @@ def stop_supervisor(how: str, instance_dir: str, keeper_pid: str, supervisor_pid
     pid = read_pid(supervisor_pid)
     if pid and _runs(pid, "supervise", instance_dir):
         stop_pid(pid, grace=10)
-    cfg = os.path.join(instance_dir, "haproxy.cfg")
+    cfg = folder_names(instance_dir).haproxy_cfg
     for pid in haproxy_pids(read_state(state_path)):
         if is_our_haproxy(pid, cfg):
             stop_pid(pid, grace=5)

@@ -22,19 +22,19 @@ from haproxy import stats
 
 from . import bypass, congestion, drain, nsutil, radio_maps, service, steering
 from .config import Config, Graph
-from .names import congestion_pins, graph_names, instance_names, netns_path
+from .names import congestion_pins, netns_path
 from .runner import Journal, StepError, run_json
 
 
 def problems(cfg: Config) -> list[str]:
     """What is missing from an instance that claims to be up."""
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     found = []
     if not os.path.isdir(n.pins):
         found.append(f"pins {n.pins} missing")
     links = {name for _, name in socket.if_nameindex()}
     for g in cfg.graphs:
-        gn = graph_names(cfg, g)
+        gn = cfg.graph_names(g)
         if not os.path.exists(netns_path(gn.netns)):
             found.append(f"namespace {gn.netns} missing")
         found += [f"link {dev} missing" for dev in (gn.c_out, gn.s_out) if dev not in links]
@@ -70,7 +70,7 @@ def graph_mode(cfg: Config, g: Graph) -> dict:
     """What new flows of the graph get now, from the listeners the kernel has in its namespace."""
     want = listen_ports(g)
     try:
-        have = nsutil.listening_ports(graph_names(cfg, g).netns) & want
+        have = nsutil.listening_ports(cfg.graph_names(g).netns) & want
     except OSError as e:
         return {"mode": "unknown", "why": str(e)}
     if have == want:
@@ -105,7 +105,7 @@ def _when(t: float | None) -> str | None:
 
 
 def collect(cfg: Config) -> dict:
-    n = instance_names(cfg)
+    n = cfg.instance_names()
     journal = Journal(n.journal)
     report: dict = {"instance": cfg.host.instance, "nic": cfg.host.nic, "graphs": []}
     if not journal.exists:
@@ -122,7 +122,7 @@ def collect(cfg: Config) -> dict:
         report["proxy"] = procs
         hap = haproxy_report(n.haproxy_sock)
     for g in cfg.graphs:
-        gn = graph_names(cfg, g)
+        gn = cfg.graph_names(g)
         entry: dict = {
             "name": g.name, "slot": gn.slot, "netns": gn.netns,
             "access_vlan": g.access.vlan, "origin_vlan": g.origin.vlan,

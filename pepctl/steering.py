@@ -12,7 +12,6 @@ import struct
 from . import bpfsys
 
 MAPS = ("vlan_ports", "port_vlans", "vlan_stats", "reason_stats")
-PROGRAMS = ("trunk_ingress", "port_ingress")
 
 REASONS = (
     "pass_untagged",
@@ -45,12 +44,6 @@ def set_port(pins: str, vid: int, port_ifindex: int, trunk_ifindex: int) -> None
         m.update(U32.pack(port_ifindex), PORT_VLAN.pack(vid, trunk_ifindex))
     with open_map(pins, "vlan_ports") as m:
         m.update(U32.pack(vid), VLAN_PORT.pack(port_ifindex, 0))
-
-
-def clear_vid(pins: str, vid: int) -> None:
-    """Frames of vid go to the host's stack again (ifindex 0: no graph owns it)."""
-    with open_map(pins, "vlan_ports") as m:
-        m.update(U32.pack(vid), VLAN_PORT.pack(0, 0))
 
 
 def vlan_counters(pins: str, vid: int) -> dict[str, int]:

@@ -16,23 +16,23 @@ sys.path, so run this as its own process rather than importing it next to other 
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
 
-
-def _import_trex():
-    try:
-        import lbr_trex_client  # noqa: F401  (sets up the trex package paths)
-    except ImportError:
-        sys.exit("compile_profile: the TRex client library is missing: "
-                 "install it with: .venv/bin/pip install -r requirements-dev.txt (lbr-trex-client)")
+try:
+    import lbr_trex_client  # noqa: F401  (sets up the trex package paths: first, before trex)
+    from trex.astf.api import ASTFProfile
+    from trex.common.trex_exceptions import TRexError
+    from trex.stl.api import STLProfile
+except ImportError:
+    sys.exit("compile_profile: the TRex client library is missing: "
+             "install it with: .venv/bin/pip install -r requirements-dev.txt (lbr-trex-client)")
 
 
 def profile_kind(path):
     """'astf' or 'stl', from what the module's register() object offers."""
-    import importlib.util
-
     folder = os.path.dirname(os.path.abspath(path))
     sys.path.insert(0, folder)
     try:
@@ -53,8 +53,6 @@ def profile_kind(path):
 
 
 def compile_astf(path, tunables):
-    from trex.astf.api import ASTFProfile
-
     profile = ASTFProfile.load_py(path, tunables=tunables)
     if profile is None:  # the profile's argparse stopped it: --help, or a bad tunable it reported
         raise SystemExit(2)
@@ -62,8 +60,6 @@ def compile_astf(path, tunables):
 
 
 def compile_stl(path, tunables):
-    from trex.stl.api import STLProfile
-
     directions = {}
     for direction in (0, 1):
         profile = STLProfile.load_py(path, direction=direction, port_id=direction, tunables=tunables)
@@ -90,9 +86,6 @@ def main(argv=None):
 
     # Loading a profile imports it; keep the profile folder free of __pycache__.
     sys.dont_write_bytecode = True
-    _import_trex()
-    from trex.common.trex_exceptions import TRexError
-
     for src, out in zip(args.pairs[::2], args.pairs[1::2], strict=True):
         if not os.path.isfile(src):
             parser.error(f"profile {src} does not exist")

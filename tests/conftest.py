@@ -15,10 +15,13 @@ import time
 
 import pytest
 
+from netns import configs
 from netns.container import RUNS_DIR
 from netns.handle import LabHandle
+from netns.lab import STATE_DIR
 from pepctl import congestion
-from pepctl.names import CONGESTION_DIR, CONGESTION_LOCK, congestion_pins
+from pepctl.config.schema import DIR_DEFAULTS
+from pepctl.names import CONGESTION_DIR, CONGESTION_LOCK, CRASH_LOG, REGISTER, congestion_pins
 from pepctl.register import users_of
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,6 +35,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "/tests/unit/" not in str(item.fspath):
             item.add_marker(skip)
+
+
+# -- configs -------------------------------------------------------------------
+@pytest.fixture
+def config_doc() -> dict:
+    """A fresh one-graph pepctl config, as a dict (netns/configs.py one_graph): a test changes what it
+    needs and writes it with configs.toml_text."""
+    return configs.one_graph()
 
 
 # -- nothing left behind ------------------------------------------------------
@@ -53,11 +64,11 @@ def _snapshot() -> dict[str, set[str]]:
                 procs.add(f"{pid}:{comm}")
     links = {ln["ifname"] for ln in json.loads(subprocess.run(["ip", "-j", "link"], capture_output=True,
                                                               text=True).stdout or "[]")}
+    folders = (DIR_DEFAULTS["run_dir"], STATE_DIR, REGISTER)
     return {"netns": listdir("/run/netns"), "bpf pins": listdir("/sys/fs/bpf"),
-            "run dirs": listdir("/run/peplab") | listdir("/run/pep") | listdir("/run/pep-instances"),
+            "run dirs": set().union(*(listdir(d) for d in folders)),
             # Folders pepctl makes on the host, and its crash log: none may appear during a test run.
-            "host folders": {d for d in ("/run/pep", "/run/peplab", "/run/pep-instances", "/var/log/pep")
-                             if os.path.exists(d)},
+            "host folders": {d for d in (*folders, os.path.dirname(CRASH_LOG)) if os.path.exists(d)},
             "congestion controls": _own_congestion(),
             # Containers (netns/container.py): each run's disk and bpffs, and nspawn's folder per machine.
             # Their cached Debian roots (CACHE_DIR, under /var/cache) are kept between runs on purpose.

@@ -41,14 +41,14 @@ import time
 import pytest
 
 from haproxy.supervise import is_our_haproxy
-from netns.handle import PYTHON, LabHandle, wait_until
+from netns.addresses import ACCESS_NET4, CLIENT4, CLIENT6, ORIGIN4, ORIGIN6
+from netns.handle import PYTHON, LabHandle
 from pepctl import config as configmod
 from pepctl import flow_maps
-from pepctl.names import graph_names, instance_names
+from pepctl.runner import wait_for
 
 LAB_MODES = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"]}
-ORIGIN4, ORIGIN6 = "198.19.0.10", "2001:2:0:2::10"
-PROXIED = {4: "198.18.0.10", 6: "2001:2:0:1::10"}       # the lab's client addresses
+PROXIED = {4: CLIENT4, 6: CLIENT6}       # the lab's client addresses
 BYPASSED = {4: "198.18.0.11", 6: "2001:2:0:1::11"}      # added by the `lab` fixture, as are:
 # one address per fail-open test (see test_stale_...): their bypassed flows stay remembered
 LOADERS = {"haproxy": "198.18.0.12", "supervisor then haproxy": "198.18.0.13", "supervisor stopped": "198.18.0.14"}
@@ -105,8 +105,8 @@ class Graph:
     def __init__(self, lab: LabHandle):
         cfg = configmod.load(os.path.join(lab.run_dir, "pep.toml"))
         g = cfg.graphs[0]
-        self.names = graph_names(cfg, g)
-        self.instance = instance_names(cfg)
+        self.names = cfg.graph_names(g)
+        self.instance = cfg.instance_names()
         self.pins = self.instance.flow_pins
         self.slot = g.index
         self.config = cfg.path
@@ -170,7 +170,7 @@ def verdict_of(graph: Graph, subscriber: str, port: int) -> str | None:
 
 def idle(lab) -> None:
     """No proxied connection left from an earlier test (they would move the interception's counters)."""
-    wait_until(lambda: sessions(lab, "sessions_current") == 0, timeout=10, what="HAProxy sessions_current == 0")
+    wait_for(lambda: sessions(lab, "sessions_current") == 0, timeout=10, what="HAProxy sessions_current == 0")
 
 
 def fetch(lab, tmp_path, fam: int, src: str, obj: str = "100k") -> tuple[int, str]:
@@ -201,15 +201,15 @@ def test_flows_keep_their_verdict_while_rules_churn(lab, graph, tmp_path):
         # Proxied: started while no rule matches them; they are under way once HAProxy holds both.
         start("v4-proxied", 4, PROXIED[4])
         start("v6-proxied", 6, PROXIED[6])
-        wait_until(lambda: sessions(lab, "sessions_current") >= 2, timeout=5,
-                   what="both proxied downloads in HAProxy")
+        wait_for(lambda: sessions(lab, "sessions_current") >= 2, timeout=5,
+                 what="both proxied downloads in HAProxy")
         # Bypassed: started while a rule matches them.
         lab.pepctl("bypass", "add", "client", f"{BYPASSED[4]}/32")
         lab.pepctl("bypass", "add", "client", f"{BYPASSED[6]}/128")
         start("v4-bypassed", 4, BYPASSED[4])
         start("v6-bypassed", 6, BYPASSED[6])
-        wait_until(lambda: counters(graph)["flows_bypass_rule"] >= c0["flows_bypass_rule"] + 2, timeout=5,
-                   what="both bypassed downloads decided")
+        wait_for(lambda: counters(graph)["flows_bypass_rule"] >= c0["flows_bypass_rule"] + 2, timeout=5,
+                 what="both bypassed downloads decided")
         # Churn: add then remove every matching rule, as fast as pepctl goes (~0.1 s a run).
         churned = []
         while any(p.poll() is None for _, _, p in procs.values()):
@@ -278,7 +278,7 @@ def test_bypassed_flow_skips_haproxy_and_interception(lab, graph, tmp_path, fam)
     assert lab.origin_peer(tag) == client, f"origin log: expected peer {client}"
     assert verdict_of(graph, client, port) is None, \
         f"pep flow tables: {client} port {port}: a proxied flow has an entry ({verdict_of(graph, client, port)})"
-    wait_until(lambda: sessions(lab) == s1 + 1, timeout=3, what=f"HAProxy sessions_total {s1 + 1}")
+    wait_for(lambda: sessions(lab) == s1 + 1, timeout=3, what=f"HAProxy sessions_total {s1 + 1}")
     c2, n2 = counters(graph), handed_to_proxy(lab, graph)
     assert c2["flows_proxied"] == c1["flows_proxied"] + 1, f"flows_proxied: {grew(c1, c2)}"
     moved = grew(n1, n2)
@@ -358,9 +358,9 @@ def test_kill_haproxy_fails_open_at_once_then_proxies_again(lab, graph, which):
         sup = supervisor_pid(lab, graph)
         hap = haproxy_pid(lab, graph)
         os.kill(sup, signal.SIGKILL)
-        st0 = wait_until(lambda: (s := pep_status(lab))["proxy"]["supervisor"]["running"] and
-                         s["proxy"]["supervisor"]["pid"] != sup and s, timeout=5,
-                         what=f"the keeper to restart the supervisor (was pid {sup})")
+        st0 = wait_for(lambda: (s := pep_status(lab))["proxy"]["supervisor"]["running"] and
+                       s["proxy"]["supervisor"]["pid"] != sup and s, timeout=5,
+                       what=f"the keeper to restart the supervisor (was pid {sup})")
         assert st0["proxy"]["haproxy"]["pid"] == hap, \
             f"the restarted supervisor did not adopt HAProxy pid {hap}: {st0['proxy']['haproxy']}"
         supervisor_pid(lab, graph)
@@ -412,7 +412,7 @@ def test_kill_haproxy_fails_open_at_once_then_proxies_again(lab, graph, which):
         f"(the attempts after the kill), got {grew(c0, c1)}"
 
     # The supervisor brought HAProxy back, and status says so.
-    st1 = wait_until(lambda: proxy_back(lab, victim), timeout=5, what="a new HAProxy and mode proxy in status")
+    st1 = wait_for(lambda: proxy_back(lab, victim), timeout=5, what="a new HAProxy and mode proxy in status")
     p0, p1 = st0["proxy"], st1["proxy"]
     assert p1["restarts"] == p0["restarts"] + 1 and p1["last_exit"]["pid"] == victim, \
         f"status proxy: expected restarts {p0['restarts'] + 1} and last exit of pid {victim}, got {p1}"
@@ -423,7 +423,7 @@ def test_kill_haproxy_fails_open_at_once_then_proxies_again(lab, graph, which):
     s0, f0 = sessions(lab), counters(graph)["flows_proxied"]
     body = lab.run("client", "curl", "-sS", "-m", "5", f"{URL[4]}/").stdout
     assert "PEP lab origin" in body, f"client: curl after recovery: {body[:200]!r}"
-    wait_until(lambda: sessions(lab) == s0 + 1, timeout=3, what=f"new HAProxy sessions_total {s0 + 1}")
+    wait_for(lambda: sessions(lab) == s0 + 1, timeout=3, what=f"new HAProxy sessions_total {s0 + 1}")
     assert counters(graph)["flows_proxied"] == f0 + 1, "flows_proxied did not grow after recovery"
 
 
@@ -439,8 +439,8 @@ def test_status_tells_fail_open_and_a_fail_open_flow_outlives_the_proxys_return(
     os.kill(sup, signal.SIGSTOP)
     try:
         os.kill(victim, signal.SIGKILL)
-        st = wait_until(lambda: (s := pep_status(lab))["graphs"][0]["proxy"]["mode"] == "fail-open" and s,
-                        timeout=2, what="status mode fail-open")
+        st = wait_for(lambda: (s := pep_status(lab))["graphs"][0]["proxy"]["mode"] == "fail-open" and s,
+                      timeout=2, what="status mode fail-open")
         mode = st["graphs"][0]["proxy"]
         assert "no listener on 50080" in mode["why"], f"status: fail-open without the reason: {mode}"
         assert st["state"] == "damaged" and any("HAProxy not running" in p for p in st["problems"]), \
@@ -451,12 +451,12 @@ def test_status_tells_fail_open_and_a_fail_open_flow_outlives_the_proxys_return(
         assert verdict_of(graph, src, port) == "bypass_failopen", f"pep flow tables: {src} port {port}"
         download = lab.popen("client", PYTHON, "-c", SLOW_GET, src, ORIGIN4, "/10m", str(RATE), str(tmp_path / name))
         dport = int(download.stdout.readline())
-        wait_until(lambda: verdict_of(graph, src, dport) == "bypass_failopen", timeout=3,
-                   what=f"the download from {src} port {dport} bypassed (fail-open)")
+        wait_for(lambda: verdict_of(graph, src, dport) == "bypass_failopen", timeout=3,
+                 what=f"the download from {src} port {dport} bypassed (fail-open)")
     finally:
         os.kill(sup, signal.SIGCONT)
     try:
-        wait_until(lambda: proxy_back(lab, victim), timeout=BACK_WITHIN, what="a new HAProxy and mode proxy")
+        wait_for(lambda: proxy_back(lab, victim), timeout=BACK_WITHIN, what="a new HAProxy and mode proxy")
         assert download.poll() is None, "the download ended before HAProxy was back: the test proves nothing"
         out, err = download.communicate(timeout=30)
     finally:
@@ -472,7 +472,7 @@ def test_status_tells_fail_open_and_a_fail_open_flow_outlives_the_proxys_return(
     s0 = sessions(lab)
     port, _ = fetch(lab, tmp_path, 4, src)
     assert verdict_of(graph, src, port) is None, f"a new flow of {src} after HAProxy's return was not proxied"
-    wait_until(lambda: sessions(lab) == s0 + 1, timeout=3, what=f"HAProxy sessions_total {s0 + 1}")
+    wait_for(lambda: sessions(lab) == s0 + 1, timeout=3, what=f"HAProxy sessions_total {s0 + 1}")
 
 
 def test_stale_bypass_entry_does_not_hijack_the_proxys_connection(lab):
@@ -484,10 +484,10 @@ def test_stale_bypass_entry_does_not_hijack_the_proxys_connection(lab):
     by narrowing the pep namespace's port range to two ports that bypassed flows used."""
     saved = lab.run("pep", "sysctl", "-n", "net.ipv4.ip_local_port_range").stdout.split()
     port = 40000 + secrets.randbelow(20000)
-    lab.pepctl("bypass", "add", "client", "198.18.0.10/32")
+    lab.pepctl("bypass", "add", "client", f"{CLIENT4}/32")
     for p in (port, port + 1):
         lab.run("client", "curl", "-sS", "-m", "3", "--local-port", str(p), "-o", "/dev/null", f"{URL[4]}/")
-    lab.pepctl("bypass", "del", "client", "198.18.0.10/32")
+    lab.pepctl("bypass", "del", "client", f"{CLIENT4}/32")
     lab.run("pep", "sysctl", "-q", "-w", f"net.ipv4.ip_local_port_range={port} {port + 1}")
     try:
         proc = lab.run("client", "curl", "-sS", "-m", "3", f"{URL[4]}/", check=False)
@@ -500,11 +500,11 @@ def test_stale_bypass_entry_does_not_hijack_the_proxys_connection(lab):
 
 # -- the operator's view --------------------------------------------------------------------------
 def test_live_rule_survives_reload(lab, graph, tmp_path):
-    lab.pepctl("bypass", "add", "client", "198.18.0.10/32")
+    lab.pepctl("bypass", "add", "client", f"{CLIENT4}/32")
     proc = lab.pepctl("reload")
     assert "reloaded" in proc.stdout, proc.stdout
     listed = json.loads(lab.pepctl("bypass", "list", "--json").stdout)
-    assert {"kind": "client", "value": "198.18.0.10/32", "source": "live"} in listed["rules"], \
+    assert {"kind": "client", "value": f"{CLIENT4}/32", "source": "live"} in listed["rules"], \
         f"bypass list --json after reload: {listed['rules']}"
     assert listed["graph"] == "pep" and set(listed["counters"]) == set(flow_maps.COUNTERS), listed
     c0, s0 = counters(graph), sessions(lab)
@@ -548,7 +548,7 @@ def test_config_rule_cannot_be_deleted_live(lab, tmp_path):
     (("add", "server", "2001:2::zz/64"), "2001:2::zz/64"),
     (("add", "port", "70000"), "70000"),
     (("del", "client", "not-a-network"), "not-a-network"),
-    (("add", "subscriber", "198.18.0.0/24"), "subscriber"),
+    (("add", "subscriber", ACCESS_NET4), "subscriber"),
 ])
 def test_bad_rule_is_refused_naming_the_value(lab, args, names):
     before = lab.pepctl("bypass", "list", "--json").stdout
@@ -560,13 +560,13 @@ def test_bad_rule_is_refused_naming_the_value(lab, args, names):
 
 def test_bad_rules_file_changes_nothing(lab, graph, tmp_path):
     rules = tmp_path / "bad.rules"
-    rules.write_text("client 198.18.0.10/32   # fine\n\n# also fine:\nport 8443\nserver 198.19.0.5/24\n")
+    rules.write_text(f"client {CLIENT4}/32   # fine\n\n# also fine:\nport 8443\nserver 198.19.0.5/24\n")
     proc = lab.pepctl("bypass", "add", "--from-file", str(rules), check=False)
     assert proc.returncode != 0 and f"{rules}:5:" in proc.stderr and "198.19.0.5/24" in proc.stderr, proc.stderr
     listed = json.loads(lab.pepctl("bypass", "list", "--json").stdout)["rules"]
     assert listed == [], f"a refused file installed rules: {listed}"
     with flow_maps.open_map(graph.pins, "bypass_client4") as m:
-        assert m.lookup(flow_maps.lpm_key("198.18.0.10/32", graph.slot)) is None, "bypass_client4 holds 198.18.0.10/32"
+        assert m.lookup(flow_maps.lpm_key(f"{CLIENT4}/32", graph.slot)) is None, f"bypass_client4 holds {CLIENT4}/32"
 
 
 def test_status_shows_what_new_flows_get_and_the_flow_counters(lab):

@@ -31,20 +31,20 @@ import time
 
 import pytest
 
-from netns import cluster
-from netns.handle import PEPCTL, PYTHON, LabHandle, wait_until
+from netns import addresses, cluster
+from netns.addresses import ORIGIN4
+from netns.handle import PEPCTL, PYTHON, LabHandle
 from pepctl import config as configmod
 from pepctl import flow_maps, nsutil, routing
-from pepctl.names import graph_names, in_netns, instance_names
-from pepctl.runner import Journal
+from pepctl.names import in_netns
+from pepctl.runner import Journal, wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOADGEN = os.path.join(HERE, "loadgen.py")
-ORIGIN = "198.19.0.10"
 PER_SHARE = 4              # connections held open per share in the symmetry checks
 FAILOVER_WITHIN = 1.0      # s: new flows of a dead host's shares succeed this soon (issue 16)
 SYN_LOST = 0.9             # s: a connect this slow had its SYN retransmitted (initial RTO: 1 s)
-SHARES = range(cluster.SHARES)
+SHARES = range(addresses.SHARES)
 
 
 class Cluster:
@@ -72,11 +72,11 @@ class Cluster:
 
     def counters(self, i: int) -> dict[str, int]:
         cfg = self.config(i)
-        return flow_maps.read_counters(instance_names(cfg).flow_pins, cfg.graphs[0].index)
+        return flow_maps.read_counters(cfg.instance_names().flow_pins, cfg.graphs[0].index)
 
     def graph_netns(self, i: int) -> str:
         cfg = self.config(i)
-        return graph_names(cfg, cfg.graphs[0]).netns
+        return cfg.graph_names(cfg.graphs[0]).netns
 
     def pepctl(self, i: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         conf = os.path.join(self.lab.run_dir, f"pep{i}.toml")
@@ -123,7 +123,7 @@ def hold(lab: Cluster, shares, per_share: int = PER_SHARE) -> dict[int, list[soc
         for k in shares:
             out[k] = []
             for _ in range(per_share):
-                s = socket.create_connection((ORIGIN, 80), timeout=5, source_address=(cluster.client_address(k), 0))
+                s = socket.create_connection((ORIGIN4, 80), timeout=5, source_address=(addresses.client_address(k), 0))
                 get(s)
                 out[k].append(s)
         return out
@@ -154,15 +154,15 @@ def check_symmetry(lab: Cluster) -> dict:
         socks = {i: set(established(lab.graph_netns(i))) - before[i] for i in lab.hosts}
         report = {}
         for k, conns in held.items():
-            src = cluster.client_address(k)
+            src = addresses.client_address(k)
             for s in conns:
                 port = s.getsockname()[1]
-                client_side = [i for i in lab.hosts if (ORIGIN, 80, src, port) in socks[i]]
+                client_side = [i for i in lab.hosts if (ORIGIN4, 80, src, port) in socks[i]]
                 assert client_side == [lab.primary(k)], \
                     f"share {k} ({src}:{port}): the client side is on hosts {client_side}; expected only on " \
                     f"ph{lab.primary(k)}, the share's primary"
             server_side = {i: sum(1 for local, _, remote, rport in socks[i] if local == src and
-                                  (remote, rport) == (ORIGIN, 80)) for i in lab.hosts}
+                                  (remote, rport) == (ORIGIN4, 80)) for i in lab.hosts}
             expected = {i: len(conns) if i == lab.primary(k) else 0 for i in lab.hosts}
             assert server_side == expected, \
                 f"share {k} ({src}): server-side sockets per host {server_side}; expected {expected}: the host " \
@@ -177,7 +177,7 @@ def check_symmetry(lab: Cluster) -> dict:
 def start_load(lab: Cluster, share: int, seconds: float, long_every: float = 0.05) -> subprocess.Popen:
     """Short connections (2 workers) and a long one every long_every s (10 requests, 100 ms apart)
     from the client's address in share, for seconds."""
-    load = lab.lab.popen("client", PYTHON, LOADGEN, "--dst", ORIGIN, "--src", cluster.client_address(share),
+    load = lab.lab.popen("client", PYTHON, LOADGEN, "--dst", ORIGIN4, "--src", addresses.client_address(share),
                          "--duration", str(seconds), "--workers", "2", "--long-every", str(long_every))
     line = load.stdout.readline()
     assert line, f"client: loadgen did not start: {load.communicate(timeout=5)[1][-2000:]}"
@@ -220,13 +220,13 @@ def test_drain_loses_no_connection(lab):
                                                    f"connections failed during ph1's drain: {failed(conns)[:10]}"
     took = lab.counters(2)["flows_proxied"] - before["flows_proxied"]
     assert took > 0, "ph2 proxied no flow of ph1's shares while ph1 drained"
-    wait_until(lambda: all(lab.share_hosts()[k] == (lab.backup(k),) * 2 for k in SHARES if lab.primary(k) == 1),
-               timeout=10, what=f"the routers to send ph1's shares to ph2 ({lab.share_hosts()})")
+    wait_for(lambda: all(lab.share_hosts()[k] == (lab.backup(k),) * 2 for k in SHARES if lab.primary(k) == 1),
+             timeout=10, what=f"the routers to send ph1's shares to ph2 ({lab.share_hosts()})")
     undone = lab.pepctl(1, "drain", "--undo")
     assert undone.returncode == 0, f"ph1: pepctl drain --undo: {undone.stderr}"
     expected = {k: (lab.primary(k), lab.primary(k)) for k in SHARES}
-    wait_until(lambda: lab.share_hosts() == expected, timeout=10,
-               what=f"the routers to send every share to its primary again ({lab.share_hosts()} != {expected})")
+    wait_for(lambda: lab.share_hosts() == expected, timeout=10,
+             what=f"the routers to send every share to its primary again ({lab.share_hosts()} != {expected})")
 
 
 def test_added_host_takes_only_its_own_shares(lab):
@@ -239,8 +239,8 @@ def test_added_host_takes_only_its_own_shares(lab):
         assert added.returncode == 0, f"pep-lab add-host: {added.stderr}\n{added.stdout[-2000:]}"
         assert lab.hosts == [1, 2, 3]
         expected = {k: (lab.primary(k), lab.primary(k)) for k in SHARES}
-        wait_until(lambda: lab.share_hosts() == expected, timeout=15,
-                   what=f"the routers to follow the new owners ({lab.share_hosts()} != {expected})")
+        wait_for(lambda: lab.share_hosts() == expected, timeout=15,
+                 what=f"the routers to follow the new owners ({lab.share_hosts()} != {expected})")
         moved = {k for k in SHARES if expected[k] != before[k]}
         taken = {k for k in SHARES if lab.primary(k) == 3}
         assert taken and moved == taken, f"shares moved: {sorted(moved)}; ph3 is primary of {sorted(taken)}"

@@ -22,9 +22,11 @@ import socket
 
 import pytest
 
+from netns.addresses import CLIENT4, ORIGIN4, ORIGIN_URL4
 from netns.engines import ENGINES, MINRELAY, MODULE
-from netns.handle import LabHandle, wait_until
+from netns.handle import LabHandle
 from pepctl import nsutil
+from pepctl.runner import wait_for
 
 
 @pytest.fixture(scope="module", params=ENGINES)
@@ -41,19 +43,19 @@ def lab(request):
 def test_engine_proxies_transparently_both_ways(lab):
     tag = f"engine-{lab.engine}"
     download = lab.popen("client", "curl", "-s", "--limit-rate", "2M", "-o", "/dev/null", "-w", "%{http_code}",
-                         f"http://198.19.0.10/10m?{tag}")
+                         f"{ORIGIN_URL4}/10m?{tag}")
     try:
         def both_sockets():
             dump = nsutil.in_netns(lab.netns("pep"), lambda: list(nsutil.sock_diag(socket.AF_INET,
                                                                                     1 << nsutil.TCP_ESTABLISHED)))
             socks = [(str(ipaddress.IPv4Address(src[:4])), sport, str(ipaddress.IPv4Address(dst[:4])), dport)
                      for (sport, dport, src, dst, _, _), _ in dump]
-            client_side = [s for s in socks if s[:2] == ("198.19.0.10", 80) and s[2] == "198.18.0.10"]
-            origin_side = [s for s in socks if s[0] == "198.18.0.10" and s[2:] == ("198.19.0.10", 80)]
+            client_side = [s for s in socks if s[:2] == (ORIGIN4, 80) and s[2] == CLIENT4]
+            origin_side = [s for s in socks if s[0] == CLIENT4 and s[2:] == (ORIGIN4, 80)]
             return (client_side, origin_side) if client_side and origin_side else None
-        client_side, origin_side = wait_until(both_sockets, timeout=5,
-                                              what=f"{lab.engine}'s two sockets of the download")
-        assert lab.origin_peer(tag) == "198.18.0.10", "the origin did not see the client's own address"
+        client_side, origin_side = wait_for(both_sockets, timeout=5,
+                                            what=f"{lab.engine}'s two sockets of the download")
+        assert lab.origin_peer(tag) == CLIENT4, "the origin did not see the client's own address"
         ss = lab.run("pep", "ss", "-Htnp", "state", "established", "sport", "=", ":80").stdout
         assert f'"{lab.engine}"' in ss and "haproxy" not in ss, \
             f"pep namespace: the client's connection is not {lab.engine}'s: {ss}"
@@ -74,7 +76,7 @@ def intercepted(lab) -> int:
 def test_engine_relays_every_byte_and_a_half_close(lab):
     with open(os.path.join(lab.run_dir, "www", "1m"), "rb") as f:
         expected = hashlib.sha256(f.read()).hexdigest()
-    got = lab.run("client", "sh", "-c", "curl -s http://198.19.0.10/1m | sha256sum").stdout.split()[0]
+    got = lab.run("client", "sh", "-c", f"curl -s {ORIGIN_URL4}/1m | sha256sum").stdout.split()[0]
     assert got == expected, f"client: 1 MB object through {lab.engine}: expected sha256 {expected}, got {got}"
     # A server that answers only once the client has finished sending (its FIN), with the sha256 of
     # what it got, on a second origin address: the answer comes back only if the engine passed the
@@ -86,8 +88,8 @@ def test_engine_relays_every_byte_and_a_half_close(lab):
         "while (b := c.recv(65536)): h.update(b)\n"
         "c.sendall(h.hexdigest().encode()); c.close()"))
     try:
-        wait_until(lambda: "198.19.0.11:80" in lab.run("origin", "ss", "-Htln").stdout, timeout=5,
-                   what="origin: the half-close server listening")
+        wait_for(lambda: "198.19.0.11:80" in lab.run("origin", "ss", "-Htln").stdout, timeout=5,
+                 what="origin: the half-close server listening")
         before = intercepted(lab)
         upload = os.urandom(300_000)
         got = lab.run("client", "python3", "-c", (

@@ -38,15 +38,15 @@ import time
 import pytest
 
 from haproxy.supervise import is_our_haproxy, read_state
-from netns.handle import PYTHON, LabHandle, wait_until
+from netns.addresses import ORIGIN4
+from netns.handle import PYTHON, LabHandle
 from pepctl import config as configmod
 from pepctl import flow_maps, nsutil
-from pepctl.names import graph_names, instance_names
+from pepctl.runner import wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOADGEN = os.path.join(HERE, "loadgen.py")
 LAB_MODES = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"]}
-ORIGIN = "198.19.0.10"
 SOURCES = {"haproxy": "198.18.0.20", "supervisor and haproxy": "198.18.0.21",
            "supervisor, its return, then haproxy": "198.18.0.22", "status": "198.18.0.23"}
 NEW_FLOWS_WITHIN = 0.010   # s: new connections succeed again this soon after kill -9 of HAProxy (issue 11)
@@ -69,8 +69,8 @@ class Graph:
     def __init__(self, lab: LabHandle):
         cfg = configmod.load(os.path.join(lab.run_dir, "pep.toml"))
         g = cfg.graphs[0]
-        self.instance = instance_names(cfg)
-        self.netns = graph_names(cfg, g).netns
+        self.instance = cfg.instance_names()
+        self.netns = cfg.graph_names(g).netns
         self.pins = self.instance.flow_pins
         self.slot = g.index
         self.listen_port = g.proxy.listen_port
@@ -158,7 +158,7 @@ class Watch:
 
     def __enter__(self):
         self._thread.start()
-        wait_until(lambda: self.listener or self.error, timeout=5, what=f"the listener watch in {self.netns}")
+        wait_for(lambda: self.listener or self.error, timeout=5, what=f"the listener watch in {self.netns}")
         return self
 
     def __exit__(self, *exc):
@@ -195,7 +195,7 @@ def run_kill(lab, graph: Graph, src: str, kill) -> dict:
     c0 = counters(graph)
     # Two load generators, so that the burst of resets that the kill brings to the long connections
     # under way (about fifty) does not hold up the short ones' event loop.
-    common = ["--dst", ORIGIN, "--src", src, "--duration", str(LOAD_SECONDS)]
+    common = ["--dst", ORIGIN4, "--src", src, "--duration", str(LOAD_SECONDS)]
     loads = {"short": lab.popen("client", PYTHON, LOADGEN, *common, "--workers", "4", "--long-every", "0"),
              "long": lab.popen("client", PYTHON, LOADGEN, *common, "--workers", "0", "--long-every", "0.02")}
     results = {}
@@ -209,13 +209,13 @@ def run_kill(lab, graph: Graph, src: str, kill) -> dict:
             time.sleep(max(0.0, max(ready) + LOAD_BEFORE - time.monotonic()))
             c_kill = counters(graph)
             killed, victim = kill()
-            gone = wait_until(lambda: watch.listener_change(False, killed - 1), timeout=5,
-                              what=f"HAProxy's listener on {graph.listen_port} to go after kill -9")
-            back = wait_until(lambda: watch.listener_change(True, gone), timeout=10,
-                              what=f"HAProxy's listener on {graph.listen_port} to come back")
+            gone = wait_for(lambda: watch.listener_change(False, killed - 1), timeout=5,
+                            what=f"HAProxy's listener on {graph.listen_port} to go after kill -9")
+            back = wait_for(lambda: watch.listener_change(True, gone), timeout=10,
+                            what=f"HAProxy's listener on {graph.listen_port} to come back")
             c_back = counters(graph)
-            ready = wait_until(lambda: watch.ready_other_than(victim, killed), timeout=10,
-                               what="the supervisor's state to name a new HAProxy, ready")
+            ready = wait_for(lambda: watch.ready_other_than(victim, killed), timeout=10,
+                             what="the supervisor's state to name a new HAProxy, ready")
             for kind, load in loads.items():
                 out, err = load.communicate(timeout=LOAD_SECONDS + 20)
                 assert load.returncode == 0, f"client: loadgen ({kind}) exited {load.returncode}: {err[-2000:]}"
@@ -322,7 +322,7 @@ def wait_proxy_back(lab, victim: int, T: float) -> tuple[dict, float]:
         h = st["proxy"]["haproxy"]
         ok = h["running"] and h["pid"] != victim and st["graphs"][0]["proxy"]["mode"] == "proxy"
         return st if ok else None
-    st = wait_until(back, timeout=10, what="status to name a new running HAProxy and mode proxy", interval=0.02)
+    st = wait_for(back, timeout=10, what="status to name a new running HAProxy and mode proxy", interval=0.02)
     return st, time.monotonic() - T
 
 
@@ -338,9 +338,9 @@ def test_kill_under_load_fails_open_at_once_and_loses_no_flow(lab, graph, which)
         # The keeper restarts the supervisor, which adopts the running HAProxy.
         hap = haproxy_pid(lab, graph)
         os.kill(sup, signal.SIGKILL)
-        st = wait_until(lambda: (s := pep_status(lab))["proxy"]["supervisor"]["running"] and
-                        s["proxy"]["supervisor"]["pid"] != sup and s, timeout=BACK_WITHIN,
-                        what=f"the keeper to restart the supervisor (pid {sup} killed)")
+        st = wait_for(lambda: (s := pep_status(lab))["proxy"]["supervisor"]["running"] and
+                      s["proxy"]["supervisor"]["pid"] != sup and s, timeout=BACK_WITHIN,
+                      what=f"the keeper to restart the supervisor (pid {sup} killed)")
         assert st["proxy"]["haproxy"]["pid"] == hap and st["proxy"]["haproxy"]["running"], \
             f"the restarted supervisor did not adopt HAProxy pid {hap}: {st['proxy']['haproxy']}"
         sup = process_pid(lab, graph, "supervisor", "supervise")
@@ -390,8 +390,8 @@ def test_status_tells_fail_open_while_nothing_restarts_haproxy(lab, graph):
         os.kill(sup, signal.SIGKILL)
         os.kill(victim, signal.SIGKILL)
         T = time.monotonic()
-        st = wait_until(lambda: (s := pep_status(lab))["graphs"][0]["proxy"]["mode"] != "proxy" and s,
-                        timeout=2, what="status to leave mode proxy after kill -9 of the supervisor and HAProxy")
+        st = wait_for(lambda: (s := pep_status(lab))["graphs"][0]["proxy"]["mode"] != "proxy" and s,
+                      timeout=2, what="status to leave mode proxy after kill -9 of the supervisor and HAProxy")
         g, p = st["graphs"][0]["proxy"], st["proxy"]
         assert g["mode"] == "fail-open" and f"no listener on {graph.listen_port}" in g["why"], \
             f"status --json: expected mode fail-open (no listener on {graph.listen_port}), got {g}"
@@ -406,7 +406,7 @@ def test_status_tells_fail_open_while_nothing_restarts_haproxy(lab, graph):
         # What status says is what new flows get: forwarded, and remembered as fail-open.
         c0 = counters(graph)
         got = lab.run("client", "curl", "-sS", "-m", "3", "--interface", src, "-o", "/dev/null",
-                      "-w", "%{http_code} %{local_port}", f"http://{ORIGIN}/1k").stdout.split()
+                      "-w", "%{http_code} %{local_port}", f"http://{ORIGIN4}/1k").stdout.split()
         assert got[0] == "200", f"client {src}: a new connection while HAProxy is down: HTTP {got[0]}"
         verdicts = [f["verdict"] for f in flow_maps.flows(graph.pins, graph=graph.slot)
                     if f["subscriber"] == src and f["sub_port"] == int(got[1])]
@@ -429,7 +429,7 @@ def test_status_tells_fail_open_while_nothing_restarts_haproxy(lab, graph):
     assert "new flows: PROXY" in text, f"pepctl status after recovery:\n{text}"
     c0 = counters(graph)
     got = lab.run("client", "curl", "-sS", "-m", "3", "--interface", src, "-o", "/dev/null",
-                  "-w", "%{http_code} %{local_port}", f"http://{ORIGIN}/1k").stdout.split()
+                  "-w", "%{http_code} %{local_port}", f"http://{ORIGIN4}/1k").stdout.split()
     c1 = counters(graph)
     assert got[0] == "200" and c1["flows_proxied"] == c0["flows_proxied"] + 1 and \
         c1["flows_bypass_failopen"] == c0["flows_bypass_failopen"], \

@@ -32,18 +32,15 @@ import os
 
 import pytest
 
+from netns.addresses import ACCESS_GW4, ACCESS_NET4, CLIENT4, ORIGIN4
 from netns.handle import PYTHON
 from pepctl import config as configmod
 from pepctl import flow_maps
-from pepctl.names import instance_names
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SYNFLOOD = os.path.join(HERE, "synflood.py")
 LAB_MODES = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"]}
-ORIGIN = "198.19.0.10"
-CLIENT = "198.18.0.10"
-ACCESS_NET = "198.18.0.0/24"
-PEP_ACCESS = "198.18.0.1"
+PEP_ACCESS = ACCESS_GW4
 FLOOD = 1_000_000
 # The lab's veths drop a few frames of a flood this fast (a CPU's backlog overflows: a handful per
 # million, /proc/net/softnet_stat's second column): the sender sends this many more, and the
@@ -82,14 +79,14 @@ for line in sys.stdin:
 def pins(lab) -> str:
     cfg = configmod.load(os.path.join(lab.run_dir, "pep.toml"))
     assert cfg.graphs[0].index == 0
-    return instance_names(cfg).flow_pins
+    return cfg.instance_names().flow_pins
 
 
 @pytest.fixture
 def bypass_rule(lab, request):
     """A bypass rule while the test runs (new flows only): the test's parameter, or the whole access
     subnet."""
-    rule = getattr(request, "param", ACCESS_NET)
+    rule = getattr(request, "param", ACCESS_NET4)
     lab.pepctl("bypass", "add", "client", rule)
     try:
         yield rule
@@ -101,7 +98,7 @@ class IdleConnection:
     """IDLE_CLIENT in the client namespace: ask() makes one request on its one connection."""
 
     def __init__(self, lab):
-        self.proc = lab.popen("client", PYTHON, "-c", IDLE_CLIENT, CLIENT, ORIGIN, stdin=-1)
+        self.proc = lab.popen("client", PYTHON, "-c", IDLE_CLIENT, CLIENT4, ORIGIN4, stdin=-1)
 
     def ask(self) -> dict:
         self.proc.stdin.write("go\n")
@@ -125,7 +122,7 @@ def answered(a: dict) -> bool:
 
 def entry(pins: str, port: int) -> dict | None:
     """The idle connection's entry in the flow tables (flows first: where it must be)."""
-    key = flow_maps.flow_key(CLIENT, port, ORIGIN, 80)
+    key = flow_maps.flow_key(CLIENT4, port, ORIGIN4, 80)
     for table in ("flows", "flows_new"):
         with flow_maps.open_map(pins, table) as m:
             value = m.lookup(key)
@@ -146,10 +143,10 @@ def grew(before: dict, after: dict) -> dict:
 def open_idle(lab, pins) -> tuple[IdleConnection, dict]:
     idle = IdleConnection(lab)
     first = idle.ask()
-    assert answered(first), f"client {CLIENT}: first request on the keep-alive connection: {first}"
+    assert answered(first), f"client {CLIENT4}: first request on the keep-alive connection: {first}"
     e = entry(pins, first["port"])
     assert e and e["table"] == "flows" and e["verdict"] == "bypass_rule" and e["state"] == "established", \
-        f"pep flow tables: {CLIENT} port {first['port']}: expected an established bypass_rule entry in flows, " \
+        f"pep flow tables: {CLIENT4} port {first['port']}: expected an established bypass_rule entry in flows, " \
         f"got {e}"
     return idle, e
 
@@ -157,18 +154,18 @@ def open_idle(lab, pins) -> tuple[IdleConnection, dict]:
 # What the flood is, by the rule in force: "bypassed" (the whole access subnet: every spoofed SYN is
 # a new bypassed flow, remembered in flows_new) or "proxied" (only the idle client: the spoofed SYNs
 # go to HAProxy's listener, as in the flood that evicted bypassed flows before issue 11).
-FLOODS = {"bypassed": ACCESS_NET, "proxied": f"{CLIENT}/32"}
+FLOODS = {"bypassed": ACCESS_NET4, "proxied": f"{CLIENT4}/32"}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bypass_rule", list(FLOODS.values()), ids=list(FLOODS), indirect=True)
 def test_idle_bypassed_connection_outlives_a_million_new_flows(lab, pins, bypass_rule):
-    kind = "bypassed" if bypass_rule == ACCESS_NET else "proxied"
+    kind = "bypassed" if bypass_rule == ACCESS_NET4 else "proxied"
     idle, before = open_idle(lab, pins)
     try:
         c0, new0, flows0 = flow_maps.read_counters(pins, 0), table_size(pins, "flows_new"), table_size(pins, "flows")
-        proc = lab.run("client", PYTHON, SYNFLOOD, "--count", str(FLOOD + MARGIN), "--net", ACCESS_NET,
-                       "--exclude", PEP_ACCESS, "--exclude", CLIENT, "--dst", ORIGIN, "--dport", "80",
+        proc = lab.run("client", PYTHON, SYNFLOOD, "--count", str(FLOOD + MARGIN), "--net", ACCESS_NET4,
+                       "--exclude", PEP_ACCESS, "--exclude", CLIENT4, "--dst", ORIGIN4, "--dport", "80",
                        "--max-seconds", str(FLOOD_SECONDS), timeout=FLOOD_SECONDS + 30)
         flood = json.loads(proc.stdout.strip().splitlines()[-1])
         print(f"\n[{lab.interception}, {kind} flood] sender: {flood}")
@@ -205,9 +202,9 @@ def test_idle_bypassed_connection_outlives_a_million_new_flows(lab, pins, bypass
     # The idle connection's entry is the same one, still in flows; and the connection works.
     same = ("table", "verdict", "syn_seq", "first_seen_ns", "state")
     assert after and {k: after[k] for k in same} == {k: before[k] for k in same}, \
-        f"pep flow tables: {CLIENT} port {before['sub_port']}: entry before the flood " \
+        f"pep flow tables: {CLIENT4} port {before['sub_port']}: entry before the flood " \
         f"{ {k: before[k] for k in same} }, after {after and {k: after[k] for k in same}}"
-    assert answered(second), f"client {CLIENT}: the idle connection after {FLOOD} new flows " \
+    assert answered(second), f"client {CLIENT4}: the idle connection after {FLOOD} new flows " \
                              f"({lab.interception}, {kind} flood): expected HTTP/1.1 200 OK and 1024 bytes, " \
                              f"got {second}"
 
@@ -221,7 +218,7 @@ def test_a_lost_entry_breaks_nft_but_not_bpf(lab, pins, bypass_rule):
     flood test reads the entry itself, so it can fail either way)."""
     idle, e = open_idle(lab, pins)
     try:
-        assert flow_maps.del_keys(pins, "flows", [flow_maps.flow_key(CLIENT, e["sub_port"], ORIGIN, 80)]) == 1
+        assert flow_maps.del_keys(pins, "flows", [flow_maps.flow_key(CLIENT4, e["sub_port"], ORIGIN4, 80)]) == 1
         ruled = idle.ask()
         lab.pepctl("bypass", "del", "client", bypass_rule)
         try:
@@ -230,11 +227,11 @@ def test_a_lost_entry_breaks_nft_but_not_bpf(lab, pins, bypass_rule):
             lab.pepctl("bypass", "add", "client", bypass_rule)
     finally:
         idle.close()
-    assert answered(ruled), f"client {CLIENT}: with its entry lost and its rule in force, the idle connection " \
+    assert answered(ruled), f"client {CLIENT4}: with its entry lost and its rule in force, the idle connection " \
                             f"must still be forwarded and answer ({lab.interception}); got {ruled}"
     if lab.interception == "nft":
-        assert not answered(second), f"client {CLIENT}: the idle connection answered with its entry and its rule " \
+        assert not answered(second), f"client {CLIENT4}: the idle connection answered with its entry and its rule " \
                                      f"gone ({second}): losing it would not break it, and the flood test proves nothing"
     else:
-        assert answered(second), f"client {CLIENT}: in mode bpf a bypassed connection without its entry must be " \
+        assert answered(second), f"client {CLIENT4}: in mode bpf a bypassed connection without its entry must be " \
                                  f"routed on by the stack and answer; got {second}"

@@ -29,8 +29,7 @@ def pep_status(lab) -> dict:
 
 
 def haproxy_sock(lab) -> str:
-    inst = f"pl{lab.rid}"
-    return os.path.join(lab.run_dir, "pep", inst, "proxy", "haproxy.sock")
+    return lab.config().instance_names().haproxy_sock
 
 
 def test_one_proxy_serves_every_graph(lab):

@@ -28,10 +28,10 @@ import time
 
 import pytest
 
-from netns.handle import BASE, SECOND_GRAPH, wait_until
+from netns.handle import BASE, SECOND_GRAPH
 from pepctl import config as configmod
 from pepctl.lock import InstanceLock
-from pepctl.names import instance_names
+from pepctl.runner import wait_for
 
 # CAP_NET_BIND_SERVICE (10), CAP_NET_ADMIN (12), CAP_SYS_ADMIN (21): haproxy/README.md says why each.
 DOCUMENTED_CAPS = (1 << 10) | (1 << 12) | (1 << 21)
@@ -74,7 +74,7 @@ def hold_lock(host, conf, seconds: float) -> threading.Thread:
     got = threading.Event()
 
     def body():
-        with InstanceLock(instance_names(cfg).lock, cfg.host.instance, "reload (held by the test)"):
+        with InstanceLock(cfg.instance_names().lock, cfg.host.instance, "reload (held by the test)"):
             got.set()
             time.sleep(seconds)
     t = threading.Thread(target=body)
@@ -162,8 +162,8 @@ def test_kill_9_of_up_then_down_leaves_nothing(host, line_start, delay):
     down = host.pepctl(conf, "down")
     assert down.returncode == 0, f"down after a killed up: {down.stderr}\n(up printed: {printed[-1500:]})"
     # The kernel destroys a deleted namespace's links in the background: poll.
-    wait_until(lambda: host.snapshot() == before, timeout=10,
-               what=f"the host as before `up` (got {host.snapshot()}, expected {before})")
+    wait_for(lambda: host.snapshot() == before, timeout=10,
+             what=f"the host as before `up` (got {host.snapshot()}, expected {before})")
 
 
 def test_up_after_a_killed_up_undoes_it_first_and_comes_up(host):

@@ -35,16 +35,17 @@ import subprocess
 
 import pytest
 
-from netns.handle import PYTHON, wait_until
+from netns.addresses import ACCESS_GW4, ACCESS_GW6, CLIENT4, CLIENT6, ORIGIN4, ORIGIN6, ORIGIN_GW4, ORIGIN_GW6
+from netns.handle import PYTHON
 from pepctl import config as configmod
 from pepctl import flow_maps
-from pepctl.names import instance_names
+from pepctl.runner import wait_for
 
 LAB_MODES = {"bpf": [], "nft": ["--interception", "nft"]}
-ORIGIN = {4: "198.19.0.10", 6: "2001:2:0:2::10"}
-CLIENT = {4: "198.18.0.10", 6: "2001:2:0:1::10"}
+ORIGIN = {4: ORIGIN4, 6: ORIGIN6}
+CLIENT = {4: CLIENT4, 6: CLIENT6}
 BYPASSED = {4: "198.18.0.30", 6: "2001:2:0:1::30"}
-PEP_ADDRS = ("198.18.0.1", "2001:2:0:1::1", "198.19.0.1", "2001:2:0:2::1")
+PEP_ADDRS = (ACCESS_GW4, ACCESS_GW6, ORIGIN_GW4, ORIGIN_GW6)
 LISTEN_PORT = 50080
 # Odd ports, low and high, the listener's and the exporter's among them.
 MANY_PORTS = (1, 22, 443, 4011, 9101, 31337, LISTEN_PORT, 65535)
@@ -107,7 +108,7 @@ def pins(lab) -> str:
     g = cfg.graphs[0]
     assert g.index == 0 and g.proxy.listen_port == LISTEN_PORT, \
         f"lab config: expected graph slot 0 listening on {LISTEN_PORT}, got {g.index}, {g.proxy.listen_port}"
-    return instance_names(cfg).flow_pins
+    return cfg.instance_names().flow_pins
 
 
 def counters(pins: str) -> dict[str, int]:
@@ -137,8 +138,9 @@ def test_graph_namespace_has_no_nft_ruleset_in_mode_bpf(lab):
     if lab.interception == "bpf":
         assert items == [], f"pep namespace ({lab.netns('pep')}) in mode bpf: expected no nft ruleset, got {items}"
     else:
-        assert tables == [f"pep_pl{lab.rid}"], \
-            f"pep namespace in mode nft: expected the instance's table pep_pl{lab.rid}, got tables {tables}"
+        cfg = lab.config()
+        want = cfg.graph_names(cfg.graphs[0]).nft_table
+        assert tables == [want], f"pep namespace in mode nft: expected the instance's table {want}, got tables {tables}"
 
 
 # -- every port, IPv4 and IPv6 ----------------------------------------------------------------------
@@ -174,8 +176,8 @@ def test_tcp_is_intercepted_on_every_port(lab, pins, origin_server, fam):
             wrong[port] = f"origin saw the client's own port {peer_port}: routed, not proxied"
     assert not wrong, f"client {CLIENT[fam]} -> origin {ORIGIN[fam]} ({lab.interception}): per port: {wrong}"
     n = len(targets)
-    s1 = wait_until(lambda: (s := sessions(lab)) >= s0 + n and s, timeout=3,
-                    what=f"HAProxy sessions_total {s0} + {n}")
+    s1 = wait_for(lambda: (s := sessions(lab)) >= s0 + n and s, timeout=3,
+                  what=f"HAProxy sessions_total {s0} + {n}")
     c1 = counters(pins)
     moved = {k: c1[k] - c0[k] for k in ("flows_proxied", "flows_not_intercepted", "flows_bypass_failopen")}
     assert s1 == s0 + n and moved == {"flows_proxied": n, "flows_not_intercepted": 0, "flows_bypass_failopen": 0}, \

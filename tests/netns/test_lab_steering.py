@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 
 import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Dot1Q, Ether
 
-from netns.handle import PYTHON, wait_until
+from netns.addresses import ACCESS_GW4, ACCESS_GW6, ORIGIN4, ORIGIN6, ORIGIN_URL4, ORIGIN_URL6
+from netns.handle import PEP_LAB, PYTHON
+from pepctl.runner import wait_for
 
 LAB_OPTIONS = ["--no-proxy"]
 FRAMES = os.path.join(os.path.dirname(__file__), "frames.py")
@@ -45,7 +48,7 @@ def mac(lab, node, iface):
 def marker_frames(lab, vid, marker):
     """A tagged UDP frame from the trunk side; its payload marks it among other traffic."""
     return Ether(src="02:00:00:00:00:01", dst="ff:ff:ff:ff:ff:ff") / Dot1Q(vlan=vid) / \
-        IP(src="198.18.0.99", dst="198.18.0.1") / UDP(sport=4011, dport=9) / marker
+        IP(src="198.18.0.99", dst=ACCESS_GW4) / UDP(sport=4011, dport=9) / marker
 
 
 def received(captured, marker):
@@ -81,7 +84,7 @@ def test_unknown_vlan_goes_to_the_host_not_to_a_graph(lab):
 def test_frame_from_proxy_side_is_tagged_on_trunk(lab, iface, vid):
     marker = f"tag-me-{vid}".encode()
     frame = Ether(src=mac(lab, "pep", iface), dst="ff:ff:ff:ff:ff:ff") / \
-        IP(src="198.18.0.1", dst="198.18.0.200") / UDP(sport=9, dport=4011) / marker
+        IP(src=ACCESS_GW4, dst="198.18.0.200") / UDP(sport=9, dport=4011) / marker
     captured = capture(lab, "switch", "trunk", "pep", iface, [frame])
     got = received(captured, marker)
     assert len(got) == 1, f"on switch/trunk: expected 1 frame carrying {marker!r}, got {len(got)}"
@@ -91,22 +94,22 @@ def test_frame_from_proxy_side_is_tagged_on_trunk(lab, iface, vid):
 
 
 def test_ping_ipv4_and_ipv6(lab):
-    for dst in ("198.19.0.10", "2001:2:0:2::10"):
+    for dst in (ORIGIN4, ORIGIN6):
         proc = lab.run("client", "ping", "-c", "3", "-i", "0.1", "-W", "2", dst, check=False)
         assert proc.returncode == 0, f"client: ping {dst}: {proc.stdout[-300:]}"
 
 
 def test_arp_and_nd_resolve_the_gateways_mac(lab):
-    lab.run("client", "ping", "-c", "1", "-W", "2", "198.19.0.10")
-    lab.run("client", "ping", "-c", "1", "-W", "2", "2001:2:0:2::10")
+    lab.run("client", "ping", "-c", "1", "-W", "2", ORIGIN4)
+    lab.run("client", "ping", "-c", "1", "-W", "2", ORIGIN6)
     want = mac(lab, "pep", "c_in")
     neigh = json.loads(lab.run("client", "ip", "-j", "neigh", "show", "dev", "eth0").stdout)
     by_ip = {n["dst"]: n.get("lladdr") for n in neigh}
-    assert by_ip.get("198.18.0.1") == want, f"client ARP for 198.18.0.1: expected {want}, got {by_ip}"
-    assert by_ip.get("2001:2:0:1::1") == want, f"client ND for 2001:2:0:1::1: expected {want}, got {by_ip}"
+    assert by_ip.get(ACCESS_GW4) == want, f"client ARP for {ACCESS_GW4}: expected {want}, got {by_ip}"
+    assert by_ip.get(ACCESS_GW6) == want, f"client ND for {ACCESS_GW6}: expected {want}, got {by_ip}"
 
 
-@pytest.mark.parametrize("dst,listen", [("198.19.0.10", "0.0.0.0"), ("2001:2:0:2::10", "::")])
+@pytest.mark.parametrize("dst,listen", [(ORIGIN4, "0.0.0.0"), (ORIGIN6, "::")])
 def test_udp_exchange(lab, dst, listen):
     echo = ("import socket,sys;f=socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET;"
             "s=socket.socket(f,socket.SOCK_DGRAM);s.bind((sys.argv[1],7007));print('ready',flush=True);"
@@ -121,7 +124,7 @@ def test_udp_exchange(lab, dst, listen):
     assert got == "pdu-pep", f"client: UDP echo via {dst}: expected 'pdu-pep', got {got!r}"
 
 
-@pytest.mark.parametrize("url", ["http://198.19.0.10/", "http://[2001:2:0:2::10]/"])
+@pytest.mark.parametrize("url", [f"{ORIGIN_URL4}/", f"{ORIGIN_URL6}/"])
 def test_tcp_http_to_origin(lab, url):
     body = lab.run("client", "curl", "-s", "-m", "5", url).stdout
     assert "PEP lab origin" in body, f"client: curl {url}: got {body[:200]!r}"
@@ -130,12 +133,12 @@ def test_tcp_http_to_origin(lab, url):
 def test_large_tcp_transfer_is_byte_exact(lab):
     with open(os.path.join(lab.run_dir, "www", "10m"), "rb") as f:
         want = f.read()
-    out = lab.run("client", "curl", "-s", "-m", "20", "http://198.19.0.10/10m", text=False).stdout
+    out = lab.run("client", "curl", "-s", "-m", "20", f"{ORIGIN_URL4}/10m", text=False).stdout
     assert len(out) == len(want) and out == want, f"client: /10m: got {len(out)} bytes, want {len(want)}"
 
 
 def test_steering_counters_per_graph_and_direction(lab):
-    lab.run("client", "curl", "-s", "-m", "5", "-o", "/dev/null", "http://198.19.0.10/100k")
+    lab.run("client", "curl", "-s", "-m", "5", "-o", "/dev/null", f"{ORIGIN_URL4}/100k")
 
     def counters():
         g = lab.status()["pepctl"]["graphs"][0]["steering"]
@@ -143,16 +146,13 @@ def test_steering_counters_per_graph_and_direction(lab):
                  for k in ("in_packets", "in_bytes", "out_packets", "out_bytes"))
         return g if ok else None
 
-    g = wait_until(counters, timeout=3, what="steering counters on both VLANs, both directions")
+    g = wait_for(counters, timeout=3, what="steering counters on both VLANs, both directions")
     # 100 KB flowed origin -> client: more bytes enter by the origin VLAN than leave by it.
     assert g["origin"]["in_bytes"] > 100 * 1024, f"origin in_bytes {g['origin']['in_bytes']} < 100 KB"
     assert g["access"]["out_bytes"] > 100 * 1024, f"access out_bytes {g['access']['out_bytes']} < 100 KB"
 
 
 def test_lab_up_twice_is_harmless(lab):
-    import subprocess
-
-    from netns.handle import PEP_LAB
     t0 = time.monotonic()
     proc = subprocess.run([PEP_LAB, "up", *LAB_OPTIONS], env=lab.env, capture_output=True, text=True)
     assert proc.returncode == 0 and "already up" in proc.stdout, proc.stdout + proc.stderr

@@ -20,15 +20,15 @@ import os
 import re
 import signal
 
-from netns.handle import metric_value, wait_until
+from netns.addresses import ACCESS_GW4, ORIGIN4
+from netns.handle import metric_value
 from pepctl import config as configmod
 from pepctl import experiment
 from pepctl.metrics import CATALOGUE
-from pepctl.names import instance_names
+from pepctl.runner import StepError, wait_for
 
 FRACTION = 0.5
 LAB_OPTIONS = ["--control-fraction", str(FRACTION)]
-ORIGIN = "198.19.0.10"
 CANDIDATES = [f"198.18.0.{i}" for i in range(60, 120)]
 CONTROL = next(a for a in CANDIDATES if experiment.group_of(a, FRACTION) == "control")
 TREATED = next(a for a in CANDIDATES if experiment.group_of(a, FRACTION) == "treated")
@@ -41,7 +41,7 @@ def lab_setup(handle) -> None:
 
 
 def download(lab, source: str, obj: str) -> None:
-    lab.run("client", "curl", "-sS", "-m", "20", "-o", "/dev/null", "--interface", source, f"http://{ORIGIN}/{obj}")
+    lab.run("client", "curl", "-sS", "-m", "20", "-o", "/dev/null", "--interface", source, f"http://{ORIGIN4}/{obj}")
 
 
 def test_exporter_serves_exactly_the_catalogue(lab):
@@ -71,12 +71,12 @@ def test_each_group_gets_its_verdict_and_the_endpoint_sees_it(lab):
                - (metric_value(before, "pep_flows_total", graph="pep", verdict=v) or 0)
                for v in ("bypass_control", "proxied")}
         return got if got["bypass_control"] >= 1 and got["proxied"] >= 1 else None
-    wait_until(moved, timeout=10, what=f"pep_flows_total: bypass_control (from {CONTROL}) and proxied (from "
+    wait_for(moved, timeout=10, what=f"pep_flows_total: bypass_control (from {CONTROL}) and proxied (from "
                                        f"{TREATED}) to move")
     def with_failopen():
         text = lab.scrape_metrics()
         return text if metric_value(text, "pep_failopen", graph="pep") is not None else None
-    text = wait_until(with_failopen, timeout=5, what="pep_failopen of graph pep")
+    text = wait_for(with_failopen, timeout=5, what="pep_failopen of graph pep")
     assert metric_value(text, "pep_failopen", graph="pep") == 0, "pep_failopen graph=pep: expected 0 (HAProxy is up)"
     assert metric_value(text, "pep_proxy_up") == 1
     assert metric_value(text, "pep_experiment_control_fraction", graph="pep") == FRACTION
@@ -84,7 +84,7 @@ def test_each_group_gets_its_verdict_and_the_endpoint_sees_it(lab):
 
 def test_experiment_records_each_flow_with_its_group_and_size(lab):
     cfg = configmod.load(os.path.join(lab.run_dir, "pep.toml"))
-    log = instance_names(cfg).experiment_log
+    log = cfg.instance_names().experiment_log
     for source in (CONTROL, TREATED):
         download(lab, source, "1m")
 
@@ -96,7 +96,7 @@ def test_experiment_records_each_flow_with_its_group_and_size(lab):
             return None
         mine = {r["client"]: r for r in rows if r["client"] in (CONTROL, TREATED) and r["bytes_down"] >= MB}
         return mine if len(mine) == 2 else None
-    got = wait_until(records, timeout=10, what=f"records of the 1 MB downloads from {CONTROL} and {TREATED} in {log}")
+    got = wait_for(records, timeout=10, what=f"records of the 1 MB downloads from {CONTROL} and {TREATED} in {log}")
     assert {c: r["group"] for c, r in got.items()} == {CONTROL: "control", TREATED: "treated"}, got
     for r in got.values():
         # the response: the object, its headers, and the FIN's sequence number
@@ -115,7 +115,7 @@ def test_experiment_records_each_flow_with_its_group_and_size(lab):
 def test_tcp_health_of_both_sides_is_sampled(lab):
     """A live proxied download: the sampler sees its socket toward the subscriber and toward the origin."""
     slow = lab.popen("client", "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code} %{size_download}", "-m", "15",
-                     "--limit-rate", "300k", "--interface", TREATED, f"http://{ORIGIN}/50m")
+                     "--limit-rate", "300k", "--interface", TREATED, f"http://{ORIGIN4}/50m")
     try:
         def both_sides():
             text = lab.scrape_metrics()
@@ -123,9 +123,9 @@ def test_tcp_health_of_both_sides_is_sampled(lab):
                    for side in ("access", "origin")}
             return got if all(got.values()) else None
         try:
-            got = wait_until(both_sides, timeout=14, interval=0.5,
-                             what="pep_tcp_rtt_seconds_count for sides access and origin of graph pep")
-        except AssertionError as e:
+            got = wait_for(both_sides, timeout=14, interval=0.5,
+                           what="pep_tcp_rtt_seconds_count for sides access and origin of graph pep")
+        except StepError as e:
             seen = [ln for ln in lab.scrape_metrics().splitlines()
                     if ln.startswith(("pep_tcp_sampled", "pep_proxy_sessions"))]
             raise AssertionError(f"{e}; the download: {slow.poll() if slow.poll() is None else slow.communicate()}; "
@@ -146,19 +146,19 @@ def test_failopen_and_its_switches_are_seen(lab):
         os.kill(pid, signal.SIGSTOP)
     try:
         os.kill(st["haproxy"]["pid"], signal.SIGKILL)
-        wait_until(lambda: metric_value(lab.scrape_metrics(), "pep_failopen", graph="pep") == 1, timeout=5,
-                   interval=0.2, what="pep_failopen{graph=pep} 1 with HAProxy killed")
+        wait_for(lambda: metric_value(lab.scrape_metrics(), "pep_failopen", graph="pep") == 1, timeout=5,
+                 interval=0.2, what="pep_failopen{graph=pep} 1 with HAProxy killed")
     finally:
         for pid in reversed(held):
             os.kill(pid, signal.SIGCONT)
-    wait_until(lambda: metric_value(lab.scrape_metrics(), "pep_failopen", graph="pep") == 0, timeout=10, interval=0.2,
-               what="pep_failopen{graph=pep} 0 once the supervisor restarted HAProxy")
+    wait_for(lambda: metric_value(lab.scrape_metrics(), "pep_failopen", graph="pep") == 0, timeout=10, interval=0.2,
+             what="pep_failopen{graph=pep} 0 once the supervisor restarted HAProxy")
     after = metric_value(lab.scrape_metrics(), "pep_failopen_switches_total", graph="pep")
     assert after - before == 2, f"pep_failopen_switches_total graph=pep: expected +2, got {before} -> {after}"
 
 
 def test_endpoint_is_not_reachable_from_a_data_vlan(lab):
     """A subscriber trying the exporter's port on the PEP's address gets nothing."""
-    proc = lab.run("client", "curl", "-sS", "-m", "3", "http://198.18.0.1:9101/metrics", check=False)
+    proc = lab.run("client", "curl", "-sS", "-m", "3", f"http://{ACCESS_GW4}:9101/metrics", check=False)
     assert proc.returncode != 0 and "pep_" not in proc.stdout, \
-        f"client: curl http://198.18.0.1:9101/metrics answered: {proc.stdout[:200]!r}"
+        f"client: curl http://{ACCESS_GW4}:9101/metrics answered: {proc.stdout[:200]!r}"

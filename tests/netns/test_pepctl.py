@@ -18,10 +18,12 @@ import contextlib
 import json
 import os
 import subprocess
+import tempfile
 
 import pytest
 
 from netns.handle import BASE, PYTHON, SECOND_GRAPH
+from pepctl import names
 
 
 @pytest.fixture(autouse=True)
@@ -29,12 +31,12 @@ def no_stray_lock(host):
     """A refused `up` must leave nothing; when it leaves its instance's lock file and run folder anyway
     (the test has failed and said so), remove them so that later runs start clean."""
     yield
-    run_dir = f"/run/{host.inst}"
-    if not os.path.exists(os.path.join(run_dir, f"{host.inst}.journal")):
+    n = names.instance_names(host.inst, f"/run/{host.inst}")    # the run_dir of BASE
+    if not os.path.exists(n.journal):
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(run_dir, f"{host.inst}.lock"))
+            os.unlink(n.lock)
         with contextlib.suppress(FileNotFoundError, OSError):
-            os.rmdir(run_dir)
+            os.rmdir(n.run_dir)
 
 
 def status(host, conf) -> dict:
@@ -184,6 +186,49 @@ def test_bad_config_is_refused_with_field_and_value_and_leaves_nothing(host, wha
     assert value in up.stderr, f"{what}: message does not name the value {value}: {up.stderr}"
     assert conf in up.stderr, f"{what}: message does not name the file: {up.stderr}"
     assert host.snapshot() == before, f"{what}: pepctl up left something behind"
+
+
+def run_dir_under_a_file(tmp: str):
+    """A config whose run_dir cannot be made: under a regular file (a short path: run_dir has a length limit)."""
+    fd, path = tempfile.mkstemp(prefix="pc", dir="/tmp")
+    os.close(fd)
+    return lambda c: c.replace('run_dir = "/run/{inst}"', f'run_dir = "{path}/run"'), lambda: os.unlink(path)
+
+
+def run_dir_under_proc(tmp: str):
+    return lambda c: c.replace('run_dir = "/run/{inst}"', 'run_dir = "/proc/{inst}"'), None
+
+
+# What only the host can refuse, beside BAD: (description, setup -> (transform, cleanup), field, value).
+BAD_HOST = [
+    ("run_dir under a regular file", run_dir_under_a_file, "host.run_dir", "is a file, not a folder"),
+    ("run_dir under /proc", run_dir_under_proc, "host.run_dir", "a proc filesystem"),
+]
+
+
+def as_host_case(change):
+    return lambda tmp: (change, None)
+
+
+@pytest.mark.parametrize("what,setup,field,value", [(w, as_host_case(c), f, v) for w, c, f, v in BAD] + BAD_HOST,
+                         ids=[b[0] for b in BAD + BAD_HOST])
+def test_up_refuses_what_plan_refuses_the_same_way(host, what, setup, field, value):
+    """Every config `plan` refuses, `up` refuses before it takes the lock or makes anything: exit 2,
+    the same lines, naming the field (not "unexpected error ... a bug in pepctl")."""
+    change, cleanup = setup(str(host.tmp))
+    try:
+        conf = host.config(change(BASE))
+        before = host.snapshot()
+        plan, up = host.pepctl(conf, "plan"), host.pepctl(conf, "up")
+        assert plan.returncode == 2 and field in plan.stderr and value in plan.stderr, \
+            f"{what}: pepctl plan: expected exit 2 naming {field} and {value!r}, got {plan.returncode}: {plan.stderr}"
+        said = up.stderr.replace("pepctl up:", "pepctl plan:")
+        assert up.returncode == 2 and said == plan.stderr, \
+            f"{what}: pepctl up: expected exit 2 and plan's words:\n{plan.stderr}\ngot {up.returncode}:\n{up.stderr}"
+        assert host.snapshot() == before, f"{what}: pepctl up left something behind"
+    finally:
+        if cleanup:
+            cleanup()
 
 
 def take_link(host):

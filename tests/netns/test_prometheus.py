@@ -23,12 +23,14 @@ import urllib.parse
 
 import pytest
 
-from netns.handle import REPO, wait_until
+from netns.addresses import ORIGIN_URL4
+from netns.handle import REPO
+from pepctl.runner import wait_for
 
 LAB_OPTIONS = ["--graphs", "2"]
 GRAPHS = ("pep", "g2")
 EXPORTER = "127.0.0.1:9101"
-ORIGIN = "http://198.19.0.10"
+ORIGIN = ORIGIN_URL4
 RULES = os.path.join(REPO, "monitoring", "prometheus", "pep-rules.yml")
 NODE = "proxyhost"
 
@@ -77,8 +79,8 @@ def prometheus(lab, tmp_path_factory):
                                 stdout=log, stderr=subprocess.STDOUT)
     try:
         prom = Prometheus(lab, port)
-        wait_until(lambda: proc.poll() is not None or prom.ready(), timeout=30, interval=0.2,
-                   what=f"{NODE}: prometheus answering {prom.base}/-/ready")
+        wait_for(lambda: proc.poll() is not None or prom.ready(), timeout=30, interval=0.2,
+                 what=f"{NODE}: prometheus answering {prom.base}/-/ready")
         assert proc.poll() is None, \
             f"{NODE}: prometheus exited {proc.returncode}:\n{log_path.read_text()[-2000:]}"
         yield prom
@@ -101,18 +103,18 @@ def test_prometheus_sees_every_graphs_steering_and_proxied_flows(lab, prometheus
         got = {(r["metric"]["graph"], r["metric"]["side"], r["metric"]["direction"])
                for r in prometheus.query("pep_steer_packets_total")}
         return want <= got
-    wait_until(steering, timeout=20, interval=0.5,
-               what=f"{NODE}: prometheus holding pep_steer_packets_total for (graph, side, direction) {sorted(want)}")
+    wait_for(steering, timeout=20, interval=0.5,
+             what=f"{NODE}: prometheus holding pep_steer_packets_total for (graph, side, direction) {sorted(want)}")
 
     def proxied():
         return prometheus.query('pep_flows_total{graph="pep", verdict="proxied"} > 0')
-    wait_until(proxied, timeout=10, interval=0.5,
-               what=f'{NODE}: prometheus: pep_flows_total{{graph="pep", verdict="proxied"}} expected > 0')
+    wait_for(proxied, timeout=10, interval=0.5,
+             what=f'{NODE}: prometheus: pep_flows_total{{graph="pep", verdict="proxied"}} expected > 0')
 
     def failopen():
         got = {r["metric"]["graph"]: r["value"][1] for r in prometheus.query("pep_failopen")}
         return got if set(got) == set(GRAPHS) else None
-    got = wait_until(failopen, timeout=10, interval=0.5, what=f"{NODE}: prometheus: pep_failopen for {GRAPHS}")
+    got = wait_for(failopen, timeout=10, interval=0.5, what=f"{NODE}: prometheus: pep_failopen for {GRAPHS}")
     want_fo = {g: "0" for g in GRAPHS}
     assert got == want_fo, f"{NODE}: prometheus pep_failopen: expected {want_fo}, got {got}"
 
@@ -128,9 +130,9 @@ def test_prometheus_sees_both_sides_rtt_histograms_of_a_live_download(lab, prome
             got = {r["metric"]["side"] for r in prometheus.query(
                 'sum by (side) (pep_tcp_rtt_seconds_bucket{graph="pep", le="+Inf"}) > 0')}
             return got if got == {"access", "origin"} else None
-        wait_until(sides, timeout=18, interval=0.5,
-                   what=f'{NODE}: prometheus: pep_tcp_rtt_seconds_bucket{{graph="pep"}} > 0 '
-                        "for sides access and origin")
+        wait_for(sides, timeout=18, interval=0.5,
+                 what=f'{NODE}: prometheus: pep_tcp_rtt_seconds_bucket{{graph="pep"}} > 0 '
+                 "for sides access and origin")
         got = {r["metric"]["side"] for r in prometheus.query('pep_tcp_min_rtt_seconds_count{graph="pep"} > 0')}
         assert got == {"access", "origin"}, \
             f'{NODE}: prometheus: pep_tcp_min_rtt_seconds_count{{graph="pep"}} > 0: ' \
@@ -149,8 +151,8 @@ def test_rules_load_and_evaluate_healthy(prometheus):
     def evaluated():
         rules = [r for g in prometheus.get("/api/v1/rules")["groups"] for r in g["rules"]]
         return rules if {r["name"] for r in rules} == want and all(r["health"] != "unknown" for r in rules) else None
-    rules = wait_until(evaluated, timeout=20, interval=0.5,
-                       what=f"{NODE}: prometheus: every rule of {RULES} loaded and evaluated once")
+    rules = wait_for(evaluated, timeout=20, interval=0.5,
+                     what=f"{NODE}: prometheus: every rule of {RULES} loaded and evaluated once")
     bad = [(r["name"], r["health"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert not bad, f"{NODE}: prometheus rules: expected health ok for all, got {bad}"
 

@@ -30,8 +30,25 @@ import subprocess
 
 import pytest
 
-from netns.handle import PEP_LAB, PYTHON, wait_until
+from netns.addresses import (
+    ACCESS_GW4,
+    ACCESS_GW6,
+    ACCESS_NET4,
+    ACCESS_NET6,
+    CLIENT4,
+    CLIENT6,
+    ORIGIN4,
+    ORIGIN6,
+    ORIGIN_GW4,
+    ORIGIN_GW6,
+    ORIGIN_NET4,
+    ORIGIN_NET6,
+    ORIGIN_URL4,
+    ORIGIN_URL6,
+)
+from netns.handle import PEP_LAB, PYTHON
 from pepctl import nsutil
+from pepctl.runner import wait_for
 
 # The lab's options per interception mode.
 LAB_MODES = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"]}
@@ -54,8 +71,8 @@ def grew(before: dict, after: dict) -> dict:
     return {k: after[k] - before[k] for k in before if after[k] != before[k]}
 
 
-@pytest.mark.parametrize("url,client", [("http://198.19.0.10/", "198.18.0.10"),
-                                        ("http://[2001:2:0:2::10]/", "2001:2:0:1::10")])
+@pytest.mark.parametrize("url,client", [(f"{ORIGIN_URL4}/", CLIENT4),
+                                        (f"{ORIGIN_URL6}/", CLIENT6)])
 def test_origin_sees_client_address_and_haproxy_counts_it(lab, url, client):
     before, f0 = sessions(lab), flows(lab)
     tag = f"t{secrets.token_hex(4)}"
@@ -63,7 +80,7 @@ def test_origin_sees_client_address_and_haproxy_counts_it(lab, url, client):
     assert "PEP lab origin" in body, f"client: curl {url}: {body[:200]!r}"
     peer = lab.origin_peer(tag)
     assert peer == client, f"origin log: expected peer {client}, got {peer}"
-    after = wait_until(lambda: sessions(lab) > before and sessions(lab), timeout=3, what="HAProxy stot")
+    after = wait_for(lambda: sessions(lab) > before and sessions(lab), timeout=3, what="HAProxy stot")
     assert after == before + 1, f"HAProxy graph_pep sessions_total: expected {before + 1}, got {after}"
     f1 = flows(lab)
     assert f1["flows_proxied"] == f0["flows_proxied"] + 1, \
@@ -82,14 +99,14 @@ def _ss_sockets(lab) -> list[tuple[str, str, str]]:
 
 def test_bbr_toward_client_and_cubic_toward_origin(lab):
     download = lab.popen("client", "curl", "-s", "-o", "/dev/null", "--limit-rate", "5M", "-m", "8",
-                         "http://198.19.0.10/50m")
+                         f"{ORIGIN_URL4}/50m")
     try:
         def both_sockets():
             socks = _ss_sockets(lab)
-            to_client = [i for local, peer, i in socks if peer.startswith("198.18.0.10:")]
-            to_origin = [i for local, peer, i in socks if peer == "198.19.0.10:80"]
+            to_client = [i for local, peer, i in socks if peer.startswith(f"{CLIENT4}:")]
+            to_origin = [i for local, peer, i in socks if peer == f"{ORIGIN4}:80"]
             return (to_client, to_origin) if to_client and to_origin else None
-        to_client, to_origin = wait_until(both_sockets, timeout=5, what="both halves of the split flow in ss")
+        to_client, to_origin = wait_for(both_sockets, timeout=5, what="both halves of the split flow in ss")
         assert re.search(r"\bbbr\b", to_client[0]), f"pep: client-facing socket: expected bbr: {to_client[0]}"
         assert re.search(r"\bcubic\b", to_origin[0]), f"pep: origin-facing socket: expected cubic: {to_origin[0]}"
     finally:
@@ -101,9 +118,9 @@ def test_side_routes_carry_congctl_and_initial_window(lab):
     """Both are route metrics: every accepted (client-facing) or connecting (origin-facing)
     socket takes the metrics of its route. Defaults: bbr and 32 segments toward the
     subscribers; cubic and the kernel's initial window toward the origin."""
-    want = {"198.18.0.0/24": {"congestion": "bbr", "initcwnd": 32},
-            "2001:2:0:1::/64": {"congestion": "bbr", "initcwnd": 32},
-            "198.19.0.0/24": {"congestion": "cubic"}, "2001:2:0:2::/64": {"congestion": "cubic"}}
+    want = {ACCESS_NET4: {"congestion": "bbr", "initcwnd": 32},
+            ACCESS_NET6: {"congestion": "bbr", "initcwnd": 32},
+            ORIGIN_NET4: {"congestion": "cubic"}, ORIGIN_NET6: {"congestion": "cubic"}}
     got = {}
     for fam in ("-4", "-6"):
         for route in json.loads(lab.run("pep", "ip", "-j", fam, "route", "show").stdout):
@@ -114,14 +131,14 @@ def test_side_routes_carry_congctl_and_initial_window(lab):
 
 def test_ping_and_udp_are_routed_not_proxied(lab):
     before, f0 = sessions(lab), flows(lab)
-    for dst in ("198.19.0.10", "2001:2:0:2::10"):
+    for dst in (ORIGIN4, ORIGIN6):
         lab.run("client", "ping", "-c", "2", "-i", "0.1", "-W", "2", dst)
     echo = ("import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.bind(('0.0.0.0',80));"
             "print('ready',flush=True);s.settimeout(5);d,a=s.recvfrom(2048);s.sendto(d.upper(),a)")
     server = lab.popen("origin", PYTHON, "-c", echo)
     assert server.stdout.readline().strip() == "ready"
     ask = ("import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(3);"
-           "s.sendto(b'udp to port 80',('198.19.0.10',80));print(s.recv(2048).decode())")
+           f"s.sendto(b'udp to port 80',('{ORIGIN4}',80));print(s.recv(2048).decode())")
     assert lab.run("client", PYTHON, "-c", ask).stdout.strip() == "UDP TO PORT 80"
     server.wait(timeout=5)
     assert sessions(lab) == before, "HAProxy counted a session for ping/UDP"
@@ -142,8 +159,8 @@ ASK_PEER = ("import socket,sys;c=socket.create_connection((sys.argv[1],int(sys.a
 # Per lab: (origin address, port, client, what should happen), one IPv4 and one IPv6 case. The default
 # lab intercepts every TCP port; the nft lab only port 80, so other ports are routed.
 PORTS = {
-    "bpf": [("198.19.0.10", 8081, "198.18.0.10", "proxied"), ("2001:2:0:2::10", 4011, "2001:2:0:1::10", "proxied")],
-    "nft": [("198.19.0.10", 8081, "198.18.0.10", "routed"), ("2001:2:0:2::10", 4011, "2001:2:0:1::10", "routed")],
+    "bpf": [(ORIGIN4, 8081, CLIENT4, "proxied"), (ORIGIN6, 4011, CLIENT6, "proxied")],
+    "nft": [(ORIGIN4, 8081, CLIENT4, "routed"), (ORIGIN6, 4011, CLIENT6, "routed")],
 }
 
 
@@ -158,8 +175,8 @@ def test_tcp_port_is_proxied_when_intercepted_and_routed_when_not(lab, case):
     assert got == client, f"origin: TCP port {port}: expected to see peer {client}, saw {got!r}"
     f1 = flows(lab)
     if want == "proxied":
-        wait_until(lambda: sessions(lab) == before + 1, timeout=3,
-                   what=f"HAProxy sessions_total {before + 1} (port {port} proxied)")
+        wait_for(lambda: sessions(lab) == before + 1, timeout=3,
+                 what=f"HAProxy sessions_total {before + 1} (port {port} proxied)")
         assert f1["flows_proxied"] == f0["flows_proxied"] + 1, \
             f"pep flow counters: port {port}: expected flows_proxied +1, got {grew(f0, f1)}"
     else:
@@ -179,7 +196,7 @@ def test_interception_is_the_modes_own(lab):
     sockets by tc; nft: the instance's table, whose counters the request moves."""
     f0 = flows(lab)
     n0 = nft_counters(lab) if lab.interception == "nft" else {}
-    lab.run("client", "curl", "-s", "-m", "5", "-o", "/dev/null", "http://198.19.0.10/1k")
+    lab.run("client", "curl", "-s", "-m", "5", "-o", "/dev/null", f"{ORIGIN_URL4}/1k")
     f1 = flows(lab)
     if lab.interception == "bpf":
         ruleset = lab.run("pep", "nft", "-j", "list", "ruleset").stdout
@@ -190,8 +207,9 @@ def test_interception_is_the_modes_own(lab):
     else:
         tables = [i["table"]["name"] for i in json.loads(lab.run("pep", "nft", "-j", "list", "tables").stdout)
                   ["nftables"] if "table" in i]
-        assert tables == [f"pep_pl{lab.rid}"], f"pep namespace in nft mode: tables: expected [pep_pl{lab.rid}], " \
-                                               f"got {tables}"
+        cfg = lab.config()
+        want = cfg.graph_names(cfg.graphs[0]).nft_table
+        assert tables == [want], f"pep namespace in nft mode: tables: expected [{want}], got {tables}"
         n1 = nft_counters(lab)
         assert n1["intercepted_v4"] > n0["intercepted_v4"] and n1["proxied"] > n0["proxied"], \
             f"pep nft counters: a proxied request did not move them: {grew(n0, n1)}"
@@ -200,8 +218,8 @@ def test_interception_is_the_modes_own(lab):
 
 # Connections to every one of the PEP's own addresses: (node, address), each on port 80 (intercepted
 # in both labs) and on the listener's port 50080.
-SELF = [("client", "198.18.0.1"), ("client", "2001:2:0:1::1"), ("client", "198.19.0.1"),
-        ("origin", "198.19.0.1"), ("origin", "2001:2:0:2::1"), ("origin", "198.18.0.1")]
+SELF = [("client", ACCESS_GW4), ("client", ACCESS_GW6), ("client", ORIGIN_GW4),
+        ("origin", ORIGIN_GW4), ("origin", ORIGIN_GW6), ("origin", ACCESS_GW4)]
 TRY_CONNECT = r"""
 import json, socket, sys, threading
 out = {}
@@ -263,7 +281,7 @@ def test_reload_refuses_structural_change_and_changes_nothing(lab):
     finally:
         with open(conf, "w") as f:
             f.write(original)
-    assert "PEP lab origin" in lab.run("client", "curl", "-s", "-m", "5", "http://198.19.0.10/").stdout
+    assert "PEP lab origin" in lab.run("client", "curl", "-s", "-m", "5", f"{ORIGIN_URL4}/").stdout
 
 
 def test_client_reusing_its_port_is_not_delayed_by_time_wait(lab):
@@ -277,7 +295,7 @@ def test_client_reusing_its_port_is_not_delayed_by_time_wait(lab):
         return int(re.search(r"TcpExtTCPSynRetrans\s+(\d+)", out).group(1))
     # Read to EOF before closing: the proxy closes first, so TIME_WAIT is on its side, not ours.
     get = ("import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
-           "s.bind(('198.18.0.10',40999));s.settimeout(5);s.connect(('198.19.0.10',80));"
+           f"s.bind(('{CLIENT4}',40999));s.settimeout(5);s.connect(('{ORIGIN4}',80));"
            "s.sendall(b'GET / HTTP/1.1\\r\\nHost: o\\r\\nConnection: close\\r\\n\\r\\n');d=b''\n"
            "while (c:=s.recv(65536)): d+=c\nprint(d.decode().split('\\r\\n')[0])")
     before = syn_retransmits()
@@ -297,7 +315,7 @@ def test_client_reusing_its_port_is_not_delayed_by_time_wait(lab):
 def test_prometheus_exporter_counts_sessions_on_the_host_only(lab):
     """The exporter lives in the proxy host's namespace (127.0.0.1:9101), where the host's monitoring
     scrapes it, never on a data VLAN: the graph's namespace has no listener on 9101."""
-    lab.run("client", "curl", "-s", "-m", "5", "-o", "/dev/null", "http://198.19.0.10/")
+    lab.run("client", "curl", "-s", "-m", "5", "-o", "/dev/null", f"{ORIGIN_URL4}/")
     proc = lab.run("proxyhost", "curl", "-sS", "-m", "5", "http://127.0.0.1:9101/metrics", check=False)
     text = proc.stdout
     m = re.search(r'^pep_proxy_sessions_total\{graph="pep"\} (\d+)', text, re.M)

@@ -33,11 +33,12 @@ import time
 import pytest
 
 from linkem.profiles import control
-from netns.handle import BASE, PYTHON, metric_value, wait_until
+from netns.handle import BASE, PYTHON, metric_value
 from pepctl import bpfsys, congestion, radio_maps
 from pepctl.lock import InstanceLock
 from pepctl.names import CONGESTION_LOCK, congestion_pins, netns_path
 from pepctl.register import running_instances, users_of
+from pepctl.runner import StepError, wait_for
 
 LAB_OPTIONS = ["--congestion", "pep_radio", "--link", "none"]
 NAME = radio_maps.NAME
@@ -106,8 +107,8 @@ def test_proxy_sockets_toward_the_subscriber_run_it(lab):
 
     load = slow_download(lab, 15)
     try:
-        got = wait_until(toward_client, timeout=10,
-                         what=f"a socket toward {CLIENT} in {graph_ns(lab)} naming {NAME} in `ss -tin`")
+        got = wait_for(toward_client, timeout=10,
+                       what=f"a socket toward {CLIENT} in {graph_ns(lab)} naming {NAME} in `ss -tin`")
         toward_origin = ss(lab, ORIGIN)
     finally:
         load.kill()
@@ -129,9 +130,9 @@ def test_its_statistics_move_with_downloads(lab):
         now = stats(lab)
         return now if now["flows_ended"] >= before["flows_ended"] + 3 and now["windows"] > before["windows"] else None
     try:
-        after = wait_until(moved, timeout=10, what=f"radio_stats of {graph_ns(lab)}: 3 more flows ended, windows "
-                                                   "counted")
-    except AssertionError as e:
+        after = wait_for(moved, timeout=10, what=f"radio_stats of {graph_ns(lab)}: 3 more flows ended, windows "
+                                                 "counted")
+    except StepError as e:
         raise AssertionError(f"{e}: before {before}, now {stats(lab)}") from None
     assert after["flows_started"] >= before["flows_started"] + 3, (before, after)
     assert after["flows_warm"] > before["flows_warm"], \
@@ -145,8 +146,8 @@ def test_the_exporter_serves_its_metrics(lab):
         def active():
             text = lab.scrape_metrics()
             return text if (metric_value(text, "pep_radio_subscribers_active", graph="pep") or 0) >= 1 else None
-        text = wait_until(active, timeout=26, interval=0.5,
-                          what=f"pep_radio_subscribers_active{{graph=pep}} >= 1 (epochs of {radio_maps.EPOCH_US} us)")
+        text = wait_for(active, timeout=26, interval=0.5,
+                        what=f"pep_radio_subscribers_active{{graph=pep}} >= 1 (epochs of {radio_maps.EPOCH_US} us)")
     finally:
         load.kill()
         load.wait()

@@ -36,6 +36,8 @@ import time
 
 import pytest
 
+from netns.addresses import ACCESS_NET4, ORIGIN_NET4
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REPLAY_DIR = os.path.join(REPO, "replay")
 BINARY = os.path.join(REPLAY_DIR, "pep-replay")
@@ -79,7 +81,7 @@ class Topo:
         self.sh("ip", "-n", self.client, "-batch", "-", input=batch)
         batch = "".join(f"addr add {a}/24 dev {self.oif}\n" for a in SERVERS)
         self.sh("ip", "-n", self.origin, "-batch", "-", input=batch)
-        for ns, dev, net in ((self.client, self.cif, "198.19.0.0/24"), (self.origin, self.oif, "198.18.0.0/24")):
+        for ns, dev, net in ((self.client, self.cif, ORIGIN_NET4), (self.origin, self.oif, ACCESS_NET4)):
             self.sh("ip", "-n", ns, "link", "set", dev, "up")
             self.sh("ip", "-n", ns, "route", "add", net, "dev", dev)
         # One request per connection: give both generators the whole port range, and let the

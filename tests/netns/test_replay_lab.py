@@ -21,7 +21,8 @@ import tempfile
 
 import pytest
 
-from netns.handle import REPO, wait_until
+from netns.handle import REPO
+from pepctl.runner import wait_for
 
 REPLAY = os.path.join(REPO, "replay", "pep-replay")
 SERVERS = "198.19.0.11-198.19.0.20"
@@ -56,8 +57,8 @@ def test_small_objects_through_the_proxy_from_241_clients(lab, profile):
     server = lab.popen("origin", REPLAY, "server", "--profile", profile, "--duration", "60", "--quiet",
                        "--json", srv_json, "--peers", peers)
     try:
-        wait_until(lambda: lab.run("origin", "ss", "-Hltn", "sport = :80", check=False).stdout.count("\n") >= 11,
-                   timeout=5, what="pep-replay listening on 198.19.0.11-20:80")
+        wait_for(lambda: lab.run("origin", "ss", "-Hltn", "sport = :80", check=False).stdout.count("\n") >= 11,
+                 timeout=5, what="pep-replay listening on 198.19.0.11-20:80")
         client = lab.run("client", REPLAY, "client", "--profile", profile, "--duration", "5", "--concurrency",
                          "32", "--quiet", "--json", cli_json, timeout=60, check=False)
     finally:

@@ -19,8 +19,8 @@ import os
 
 import pytest
 
+from netns.addresses import ACCESS_NET6, ORIGIN4
 from pepctl import bpfsys, config, flow_maps
-from pepctl.names import graph_names, instance_names
 
 LAB_OPTIONS: list[str] = []
 
@@ -33,8 +33,8 @@ def count_entries(path: str) -> int:
 @pytest.mark.slow
 def test_too_many_rules_are_refused_before_the_first_write(lab, tmp_path):
     cfg = config.load(os.path.join(lab.run_dir, "pep.toml"))
-    n, g = instance_names(cfg), graph_names(cfg, cfg.graphs[0])
-    lab.pepctl("bypass", "add", "client", "2001:2:0:1::/64")
+    n, g = cfg.instance_names(), cfg.graph_names(cfg.graphs[0])
+    lab.pepctl("bypass", "add", "client", ACCESS_NET6)
     map6 = flow_maps.map_path(n.flow_pins, "bypass_client6")
     before = count_entries(map6)
     with open(g.live_rules, "rb") as f:
@@ -53,7 +53,7 @@ def test_too_many_rules_are_refused_before_the_first_write(lab, tmp_path):
     with open(g.live_rules, "rb") as f:
         assert f.read() == live_before, "the live rules file changed"
     listed = json.loads(lab.pepctl("bypass", "list", "--json").stdout)["rules"]
-    assert {"kind": "client", "value": "2001:2:0:1::/64", "source": "live"} in listed, listed
+    assert {"kind": "client", "value": ACCESS_NET6, "source": "live"} in listed, listed
 
 
 def test_status_accounts_for_the_frames_the_nic_received(lab):
@@ -62,7 +62,7 @@ def test_status_accounts_for_the_frames_the_nic_received(lab):
     before = nic()
     for key in ("packets", "dropped", "errors", "length_errors", "crc_errors", "missed_errors"):
         assert key in before, f"status trunk.nic lacks {key}: {before}"
-    lab.run("client", "ping", "-c", "20", "-i", "0.01", "-q", "198.19.0.10")
+    lab.run("client", "ping", "-c", "20", "-i", "0.01", "-q", ORIGIN4)
     after = nic()
     assert after["packets"] - before["packets"] >= 40, \
         f"nic0 received {after['packets'] - before['packets']} frames for 20 pings and 20 replies"

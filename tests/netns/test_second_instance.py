@@ -24,7 +24,9 @@ import tempfile
 
 import pytest
 
-from netns.handle import PEPCTL, wait_until
+from netns.addresses import ACCESS_GW4, CLIENT4, ORIGIN_URL4
+from netns.handle import PEPCTL
+from pepctl.runner import wait_for
 
 LAB_OPTIONS: list[str] = []
 
@@ -55,23 +57,21 @@ def second(lab, tmp_path, text: str) -> subprocess.CompletedProcess:
 
 def fingerprint(lab) -> dict:
     """What of the running instance a refused second `up` must not touch."""
-    inst = f"pl{lab.rid}"
-    pins = f"/sys/fs/bpf/{inst}/{inst}"
-    journal = os.path.join(lab.run_dir, "pep", f"{inst}.journal")
+    n = lab.config().instance_names()
     st = json.loads(lab.pepctl("status", "--json").stdout)
-    with open(journal, "rb") as f:
+    with open(n.journal, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
-    return {"pins": sorted(os.listdir(pins)), "state": st["state"], "journal": digest,
+    return {"pins": sorted(os.listdir(n.pins)), "state": st["state"], "journal": digest,
             "processes": {k: st["proxy"][k]["pid"] for k in ("keeper", "supervisor", "haproxy")},
-            "netns": sorted(n for n in os.listdir("/run/netns") if n.startswith(inst)),
+            "netns": sorted(ns for ns in os.listdir("/run/netns") if ns.startswith(n.instance)),
             "mode": [g["proxy"]["mode"] for g in st["graphs"]]}
 
 
 def still_serving(lab) -> None:
     tag = secrets.token_hex(4)
-    got = lab.run("client", "curl", "-s", "-m", "5", f"http://198.19.0.10/?{tag}").stdout
+    got = lab.run("client", "curl", "-s", "-m", "5", f"{ORIGIN_URL4}/?{tag}").stdout
     assert "PEP lab origin" in got, f"client: the origin did not answer after the refused up: {got!r}"
-    assert lab.origin_peer(tag) == "198.18.0.10", "the origin no longer sees the client's own address"
+    assert lab.origin_peer(tag) == CLIENT4, "the origin no longer sees the client's own address"
 
 
 def renamed(text: str, prefix: str, tmp) -> str:
@@ -150,16 +150,16 @@ def test_host_side_problems_are_refused_by_plan_naming_the_field(lab, short_tmp,
 
 def test_down_and_up_keep_the_macs_so_traffic_resumes_at_once(lab):
     """c_in and s_in get MACs derived from their names: the client's neighbour entry stays right."""
-    lab.run("client", "curl", "-s", "-m", "5", "-o", "/dev/null", "http://198.19.0.10/")
-    neigh = lab.run("client", "ip", "-j", "neigh", "show", "198.18.0.1").stdout
+    lab.run("client", "curl", "-s", "-m", "5", "-o", "/dev/null", f"{ORIGIN_URL4}/")
+    neigh = lab.run("client", "ip", "-j", "neigh", "show", ACCESS_GW4).stdout
     mac = json.loads(neigh)[0]["lladdr"]
     lab.pepctl("down")
     lab.pepctl("up")
-    wait_until(lambda: json.loads(lab.pepctl("status", "--json").stdout)["graphs"][0]["proxy"].get("mode") == "proxy",
-               timeout=10, what="the graph proxying again")
-    after = json.loads(lab.run("client", "ip", "-j", "neigh", "show", "198.18.0.1").stdout)[0]["lladdr"]
-    assert after == mac, f"client's neighbour entry for 198.18.0.1: expected {mac}, got {after}"
-    got = lab.run("client", "curl", "-s", "-m", "1", "http://198.19.0.10/", check=False)
+    wait_for(lambda: json.loads(lab.pepctl("status", "--json").stdout)["graphs"][0]["proxy"].get("mode") == "proxy",
+             timeout=10, what="the graph proxying again")
+    after = json.loads(lab.run("client", "ip", "-j", "neigh", "show", ACCESS_GW4).stdout)[0]["lladdr"]
+    assert after == mac, f"client's neighbour entry for {ACCESS_GW4}: expected {mac}, got {after}"
+    got = lab.run("client", "curl", "-s", "-m", "1", f"{ORIGIN_URL4}/", check=False)
     assert got.returncode == 0 and "PEP lab origin" in got.stdout, \
         f"no answer within 1 s of `up` (curl exit {got.returncode}): {got.stderr}"
     ns_mac = json.loads(lab.run("pep", "ip", "-j", "link", "show", "c_in").stdout)[0]["address"]

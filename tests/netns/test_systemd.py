@@ -39,9 +39,10 @@ import time
 import pytest
 
 from netns.container import Container, Root
-from netns.handle import LabHandle, wait_until
+from netns.handle import LabHandle
 from netns.lab import Lab
 from pepctl import hostinfo
+from pepctl.runner import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = "/etc/pep/pep.toml"
@@ -154,7 +155,7 @@ class Appliance:
         assert peer == client, f"origin log: expected peer {client} (the client's own address), got {peer}"
         flows = before["flows"]["flows_proxied"]
         sessions = before["proxy"]["haproxy"]["sessions_total"]
-        after = wait_until(lambda: (g := self.status()["graphs"][0])["proxy"]["haproxy"]["sessions_total"] > sessions
+        after = wait_for(lambda: (g := self.status()["graphs"][0])["proxy"]["haproxy"]["sessions_total"] > sessions
                            and g, timeout=3, what="HAProxy's sessions_total to count the request")
         assert after["flows"]["flows_proxied"] == flows + 1, \
             f"container: flows_proxied expected {flows + 1} (the datapath handed the flow to HAProxy), " \
@@ -249,7 +250,7 @@ def test_kill_9_of_haproxy_the_supervisor_brings_it_back(appliance):
     appliance.ensure_up()
     old = appliance.status()["proxy"]
     appliance.box.run(f"kill -9 {old['haproxy']['pid']}")
-    new = wait_until(lambda: (p := appliance.status()["proxy"])["haproxy"]["running"]
+    new = wait_for(lambda: (p := appliance.status()["proxy"])["haproxy"]["running"]
                      and p["haproxy"]["pid"] != old["haproxy"]["pid"] and p, timeout=10,
                      what="the supervisor to start HAProxy again")
     assert new["supervisor"]["pid"] == old["supervisor"]["pid"], "the supervisor itself should not have restarted"
@@ -264,13 +265,13 @@ def test_kill_9_of_the_supervisor_systemd_restarts_it_and_haproxy_carries_on(app
     # A download through HAProxy across the supervisor's death: 16 MB at 4 MB/s.
     held = appliance.lab.popen("client", "curl", "-s", "-o", "/dev/null", "--limit-rate", "4M", "-m", "30",
                                "-r", f"0-{HELD_BYTES - 1}", "-w", "%{size_download}", "http://198.19.0.10/1g")
-    wait_until(lambda: appliance.proxied_sockets() >= 2, timeout=10, what="the download's two sockets in HAProxy")
+    wait_for(lambda: appliance.proxied_sockets() >= 2, timeout=10, what="the download's two sockets in HAProxy")
     appliance.box.run(f"kill -9 {before['MainPID']}")
-    after = wait_until(lambda: (u := appliance.unit(appliance.supervisor, "MainPID", "NRestarts", "ActiveState"))
+    after = wait_for(lambda: (u := appliance.unit(appliance.supervisor, "MainPID", "NRestarts", "ActiveState"))
                        ["ActiveState"] == "active" and u["MainPID"] not in ("0", before["MainPID"]) and u,
                        timeout=10, what=f"systemd to restart {appliance.supervisor}")
     assert int(after["NRestarts"]) == int(before["NRestarts"]) + 1, f"{appliance.supervisor}: {before} -> {after}"
-    proxy = wait_until(lambda: (p := appliance.status()["proxy"])["supervisor"]["running"] and p, timeout=10,
+    proxy = wait_for(lambda: (p := appliance.status()["proxy"])["supervisor"]["running"] and p, timeout=10,
                        what="the new supervisor to record itself")
     assert proxy["haproxy"]["pid"] == haproxy, \
         f"HAProxy pid {haproxy} should have been adopted by the new supervisor; now {proxy['haproxy']}"
@@ -337,7 +338,7 @@ def test_restart_takes_the_instance_down_and_up(appliance):
     held = appliance.lab.popen("client", "curl", "-s", "-o", "/dev/null", "--limit-rate", "200k", "-m", "30",
                                "-w", "%{size_download}", "http://198.19.0.10/1g")
     try:
-        wait_until(lambda: appliance.proxied_sockets() >= 2, timeout=10,
+        wait_for(lambda: appliance.proxied_sockets() >= 2, timeout=10,
                    what="the download's two sockets in HAProxy")
         appliance.box.run("systemctl restart pep", timeout=180)
         code = held.wait(timeout=40)

@@ -17,10 +17,10 @@ import re
 
 import pytest
 
-from pepctl import bypass
-from pepctl.bypass import Rule
-from pepctl.cli import _rules_of
-from pepctl.config import kind_problem
+from pepctl.cli import rules_of
+from pepctl.config import rules
+from pepctl.config.rules import Rule
+from pepctl.config.values import kind_problem
 
 GOOD = """\
 # subscribers that must never be proxied
@@ -40,13 +40,13 @@ def write(tmp_path, text: str) -> str:
 
 
 def test_good_file_gives_canonical_rules_in_order(tmp_path):
-    got = bypass.parse_rules_file(write(tmp_path, GOOD))
+    got = rules.parse_rules_file(write(tmp_path, GOOD))
     assert got == [Rule("client", "198.18.0.0/24"), Rule("client", "2001:2:0:1::/64"),
                    Rule("server", "198.19.0.10/32"), Rule("port", "8000-8080"), Rule("port", "443")], got
 
 
 def test_comments_and_blank_lines_only_is_no_rule(tmp_path):
-    assert bypass.parse_rules_file(write(tmp_path, "# nothing yet\n\n   \n")) == []
+    assert rules.parse_rules_file(write(tmp_path, "# nothing yet\n\n   \n")) == []
 
 
 # Bad rules, each given on the command line (`pepctl bypass add KIND VALUE`) and as line 3 of a file:
@@ -91,21 +91,21 @@ BAD_RULES = [
 
 @pytest.mark.parametrize("kind,value,words", [c[1:] for c in BAD_RULES], ids=[c[0] for c in BAD_RULES])
 def test_bad_rule_on_the_command_line_names_the_value(kind, value, words):
-    with pytest.raises(bypass.RuleError) as e:
-        _rules_of(argparse.Namespace(from_file=None, kind=kind, value=value))
+    with pytest.raises(rules.RuleError) as e:
+        rules_of(argparse.Namespace(from_file=None, kind=kind, value=value))
     msg = str(e.value)
-    assert repr(kind if kind not in bypass.KINDS else value) in msg, f"value not named in {msg!r}"
+    assert repr(kind if kind not in rules.KINDS else value) in msg, f"value not named in {msg!r}"
     assert words in msg, f"expected {words!r} in {msg!r}"
 
 
 @pytest.mark.parametrize("kind,value,words", [c[1:] for c in BAD_RULES], ids=[c[0] for c in BAD_RULES])
 def test_bad_rule_in_a_file_names_file_line_and_value(tmp_path, kind, value, words):
     path = write(tmp_path, f"client 198.18.1.0/24\n# ok so far\n{kind} {value}\nport 80\n")
-    with pytest.raises(bypass.RuleError) as e:
-        bypass.parse_rules_file(path)
+    with pytest.raises(rules.RuleError) as e:
+        rules.parse_rules_file(path)
     msg = str(e.value)
     assert f"{path}:3: " in msg, f"expected {path}:3 in the error, got {msg!r}"
-    assert repr(kind if kind not in bypass.KINDS else value) in msg, f"value not named in {msg!r}"
+    assert repr(kind if kind not in rules.KINDS else value) in msg, f"value not named in {msg!r}"
     assert words in msg, f"expected {words!r} in {msg!r}"
     assert f"{path}:1" not in msg and f"{path}:4" not in msg, f"a good line is named: {msg!r}"
     assert msg.endswith(f"{path}: nothing was changed"), msg
@@ -130,8 +130,8 @@ BAD_FILES = [
 def test_bad_file_names_file_and_line(tmp_path, data, line, words):
     path = tmp_path / "rules.txt"
     path.write_bytes(data)
-    with pytest.raises(bypass.RuleError) as e:
-        bypass.parse_rules_file(str(path))
+    with pytest.raises(rules.RuleError) as e:
+        rules.parse_rules_file(str(path))
     msg = str(e.value)
     assert f"{path}:{line}: " in msg, f"expected {path}:{line} in the error, got {msg!r}"
     assert words in msg, f"expected {words!r} in {msg!r}"
@@ -163,8 +163,8 @@ NOT_FILES = [
 @pytest.mark.parametrize("make,words", [c[1:] for c in NOT_FILES], ids=[c[0] for c in NOT_FILES])
 def test_not_a_readable_file_is_a_rule_error_naming_it(tmp_path, make, words):
     path = make(tmp_path)
-    with pytest.raises(bypass.RuleError) as e:
-        bypass.parse_rules_file(path)
+    with pytest.raises(rules.RuleError) as e:
+        rules.parse_rules_file(path)
     msg = str(e.value)
     assert msg.startswith(f"{path}: ") and words in msg, f"expected {path}: ... {words!r}, got {msg!r}"
     assert "KIND VALUE" in msg, f"the message does not say what to give: {msg!r}"
@@ -183,13 +183,13 @@ def test_crlf_comments_in_utf8_a_bom_and_repeats_are_fine(tmp_path):
     path = tmp_path / "rules.txt"
     path.write_bytes("\ufeffclient 198.18.0.0/24\r\n# M\u00fcller's office\r\n\r\n\tport 80\t\r\nport 80 # ok\r\n"
                      .encode())
-    got = bypass.parse_rules_file(str(path))
+    got = rules.parse_rules_file(str(path))
     assert got == [Rule("client", "198.18.0.0/24"), Rule("port", "80"), Rule("port", "80")], got
 
 
 def test_every_bad_line_is_reported_not_only_the_first(tmp_path):
     path = write(tmp_path, "client 198.18.0.5/24\nclient 198.18.0.0/24\nport 0-99999\nport x\n")
-    msg = str(pytest.raises(bypass.RuleError, bypass.parse_rules_file, path).value)
+    msg = str(pytest.raises(rules.RuleError, rules.parse_rules_file, path).value)
     for n in (1, 3, 4):
         assert f"{path}:{n}: " in msg, f"line {n} not named in {msg!r}"
     assert f"{path}:2: " not in msg, f"good line 2 named in {msg!r}"
@@ -197,25 +197,25 @@ def test_every_bad_line_is_reported_not_only_the_first(tmp_path):
 
 def test_many_bad_lines_are_capped(tmp_path):
     path = write(tmp_path, "client 198.18.0.5/24\n" * 50)
-    msg = str(pytest.raises(bypass.RuleError, bypass.parse_rules_file, path).value)
+    msg = str(pytest.raises(rules.RuleError, rules.parse_rules_file, path).value)
     assert msg.count(f"{path}:") == 21 and "and 30 more" in msg, msg   # 20 lines + "nothing was changed"
 
 
 def test_cli_takes_a_rule_or_a_file_not_both(tmp_path):
     path = write(tmp_path, GOOD)
     ns = argparse.Namespace(from_file=path, kind="client", value="198.18.0.0/24")
-    with pytest.raises(bypass.RuleError, match="not both"):
-        _rules_of(ns)
-    assert len(_rules_of(argparse.Namespace(from_file=path, kind=None, value=None))) == 5
-    assert _rules_of(argparse.Namespace(from_file=None, kind="port", value="80")) == [Rule("port", "80")]
-    with pytest.raises(bypass.RuleError, match="give a rule"):
-        _rules_of(argparse.Namespace(from_file=None, kind="client", value=None))
+    with pytest.raises(rules.RuleError, match="not both"):
+        rules_of(ns)
+    assert len(rules_of(argparse.Namespace(from_file=path, kind=None, value=None))) == 5
+    assert rules_of(argparse.Namespace(from_file=None, kind="port", value="80")) == [Rule("port", "80")]
+    with pytest.raises(rules.RuleError, match="give a rule"):
+        rules_of(argparse.Namespace(from_file=None, kind="client", value=None))
 
 
 def test_missing_file_is_named(tmp_path):
     missing = str(tmp_path / "nope.txt")
-    with pytest.raises(bypass.RuleError, match=f"{missing}: No such file"):
-        _rules_of(argparse.Namespace(from_file=missing, kind=None, value=None))
+    with pytest.raises(rules.RuleError, match=f"{missing}: No such file"):
+        rules_of(argparse.Namespace(from_file=missing, kind=None, value=None))
 
 
 def test_quick_canonical_form_equals_ipaddress():
@@ -235,11 +235,11 @@ def test_quick_canonical_form_equals_ipaddress():
         bad = kind_problem(net, "client")
         for spelling in (str(net), f"{net.network_address.exploded}/{plen}"):
             if bad:
-                with pytest.raises(bypass.RuleError, match=re.escape(bad)):
-                    bypass.parse_rule("client", spelling)
+                with pytest.raises(rules.RuleError, match=re.escape(bad)):
+                    rules.parse_rule("client", spelling)
                 refused += 1
                 continue
-            got = bypass.parse_rule("client", spelling)
+            got = rules.parse_rule("client", spelling)
             assert got.value == str(net), f"{spelling}: expected {net}, got {got.value}"
     assert 500 < refused < 10000, f"{refused} of 40,000 spellings refused: the sample misses the address kinds"
 
@@ -252,4 +252,4 @@ def test_quick_canonical_form_equals_ipaddress():
     ("::/0", "::/0"),
 ])
 def test_unusual_spellings_fall_back_to_ipaddress(spelling, canonical):
-    assert bypass.parse_rule("server", spelling).value == canonical
+    assert rules.parse_rule("server", spelling).value == canonical

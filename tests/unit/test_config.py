@@ -18,6 +18,7 @@ import tempfile
 
 import pytest
 
+from netns.configs import one_graph, second_graph, toml_text
 from pepctl import names, radio_maps
 from pepctl.config import (
     MAXCONN_MAX,
@@ -36,34 +37,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PATH = "/etc/pep/pep.toml"
 CC = {"reno", "bbr", "cubic"}
 
-BASE = """\
-[host]
-instance = "pep1"
-nic = "eth1"
-
-[[graph]]
-name = "g1"
-[graph.access]
-vlan = 100
-addresses = ["198.18.0.1/24", "2001:2:0:1::1/64"]
-[graph.origin]
-vlan = 200
-addresses = ["198.19.0.1/24", "2001:2:0:2::1/64"]
-[graph.proxy]
-ports = [80, 443]
-"""
-
+# The one-graph config of netns/configs.py, its lines as numbered below.
+BASE = toml_text(one_graph(proxy={"ports": [80, 443]}))
 # Appended by cases that need a second graph.
-GRAPH2 = """
-[[graph]]
-name = "g2"
-[graph.access]
-vlan = 101
-addresses = ["198.18.1.1/24"]
-[graph.origin]
-vlan = 201
-addresses = ["198.19.1.1/24"]
-"""
+GRAPH2 = "\n" + toml_text({"graph": [second_graph()]})
 
 
 def edit(*pairs: tuple[str, str], extra: str = "", base: str = BASE) -> str:
@@ -503,14 +480,17 @@ def test_defaults():
     assert p.ports == ((80, 80), (443, 443))
 
 
-def test_all_ports_and_default_name():
-    cfg = parse(edit(('name = "g1"\n', ""), ("ports = [80, 443]", 'ports = "all"')), PATH)
+def test_all_ports_and_default_name(config_doc):
+    del config_doc["graph"][0]["name"]
+    config_doc["graph"][0]["proxy"] = {"ports": "all"}
+    cfg = parse(toml_text(config_doc), PATH)
     assert cfg.graphs[0].name == "g0"
     assert cfg.graphs[0].proxy.ports is None
 
 
-def test_ports_are_sorted_and_merged():
-    cfg = parse(edit(("ports = [80, 443]", 'ports = [443, 80, "80", "79-81", "1000-2000", "2001-2002"]')), PATH)
+def test_ports_are_sorted_and_merged(config_doc):
+    config_doc["graph"][0]["proxy"] = {"ports": [443, 80, "80", "79-81", "1000-2000", "2001-2002"]}
+    cfg = parse(toml_text(config_doc), PATH)
     assert cfg.graphs[0].proxy.ports == ((79, 81), (443, 443), (1000, 2002))
 
 
@@ -622,7 +602,7 @@ def test_run_dir_at_its_longest_is_taken_and_the_names_fit():
     longest = "/run/" + "x-" * ((run_dir_max("pep1") - 5) // 2)
     longest += "y" * (run_dir_max("pep1") - len(longest))
     cfg = parse(edit(('nic = "eth1"', f'nic = "eth1"\nrun_dir = "{longest}"')), PATH)
-    n = names.instance_names(cfg)
+    n = cfg.instance_names()
     assert n.haproxy_sock_longest == stats_socket(cfg.host.run_dir, "pep1")
     assert len(n.haproxy_sock_longest) == STATS_SOCKET_MAX, n.haproxy_sock_longest
     assert len(names.unit_name(n)) == supervisor_unit_len(cfg.host.run_dir, "pep1"), names.unit_name(n)

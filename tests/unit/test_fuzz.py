@@ -1,5 +1,5 @@
-"""Property tests (Hypothesis) of the two grammars a user types: the config (pepctl/config.py) and
-the bypass rules (pepctl/bypass.py). Whatever the input, the only exception is the grammar's own
+"""Property tests (Hypothesis) of the two grammars a user types: the config (pepctl/config/) and
+the bypass rules (pepctl/config/rules.py). Whatever the input, the only exception is the grammar's own
 error, which the CLI prints as a message: never a traceback.
 
 How right is told from wrong:
@@ -7,7 +7,7 @@ How right is told from wrong:
   arbitrary values (huge integers, non-ASCII strings, lists, nested tables), and of mutations of
   etc/pep.example.toml either returns a Config or raises ConfigError; a ConfigError holds at
   least one FieldError, and each one's text starts with the file's name. A Config it returns is
-  judged by ipaddress and names.py, not by config.py's checks (is_sane): every key and string is
+  judged by ipaddress and names.py, not by the config's checks (is_sane): every key and string is
   ASCII, no address is multicast, link-local, loopback, unspecified, IPv4-mapped or zoned,
   maxconn fits HAProxy's int, the stats socket fits sun_path;
 - parse_rule and parse_rules_file (text, and raw bytes in a file) return rules or raise RuleError,
@@ -34,8 +34,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pepctl import bypass, config, names
-from pepctl.config import ConfigError, parse
+from pepctl import config
+from pepctl.config import ConfigError, parse, rules
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PATH = "/etc/pep/fuzz.toml"
@@ -76,7 +76,7 @@ def strings_of(v):
 
 
 def is_sane(cfg: config.Config, doc: dict) -> None:
-    """What a config that parses never has, judged by ipaddress and names.py, not by config.py's own
+    """What a config that parses never has, judged by ipaddress and names.py, not by the config's own
     checks: a key or a string that is not ASCII, an address of a kind nothing can use, a zone id, a
     maxconn HAProxy cannot hold, a stats socket HAProxy cannot bind."""
     odd = [s for s in strings_of(doc) if not s.isascii()]
@@ -94,7 +94,7 @@ def is_sane(cfg: config.Config, doc: dict) -> None:
                 assert n.version == 4 or not (n.network_address.scope_id or n.network_address.ipv4_mapped), n
         assert g.proxy.maxconn <= 2**31 // 3, f"accepted maxconn {g.proxy.maxconn}"
     assert cfg.host.maxconn <= 2**31 // 3, f"accepted maxconn {cfg.host.maxconn}"
-    sock = names.instance_names(cfg).haproxy_sock_longest
+    sock = cfg.instance_names().haproxy_sock_longest
     assert len(sock) + len(".4194304.tmp") <= 107, f"accepted a run_dir too long for {sock}"
 
 
@@ -311,23 +311,23 @@ RULE_TEXT = st.one_of(st.text(CHARS, max_size=40), NEAR, NUMBERS, st.from_regex(
 
 
 @FUZZ
-@given(st.one_of(st.sampled_from(bypass.KINDS), st.text(CHARS, max_size=10)), RULE_TEXT)
+@given(st.one_of(st.sampled_from(rules.KINDS), st.text(CHARS, max_size=10)), RULE_TEXT)
 def test_parse_rule_of_any_text_is_a_rule_or_a_rule_error(kind, value):
     try:
-        rule = bypass.parse_rule(kind, value)
-    except bypass.RuleError as e:
+        rule = rules.parse_rule(kind, value)
+    except rules.RuleError as e:
         assert str(e), "an empty RuleError"
         return
     assert rule.kind == kind and value.isascii(), f"accepted non-ASCII: {kind} {value!r} -> {rule}"
 
 
 @FUZZ
-@given(st.sampled_from(bypass.KINDS), NUMBERS)
+@given(st.sampled_from(rules.KINDS), NUMBERS)
 def test_a_rule_of_digits_parses_only_when_they_are_ascii(kind, value):
     """int() reads "\uff18\uff10" (full-width) as 80: a rule must not."""
     try:
-        rule = bypass.parse_rule(kind, value)
-    except bypass.RuleError:
+        rule = rules.parse_rule(kind, value)
+    except rules.RuleError:
         return
     assert value.isascii(), f"accepted non-ASCII: {kind} {value!r} -> {rule}"
 
@@ -341,7 +341,7 @@ def rules_dir():
 @FUZZ
 @given(data=st.one_of(
     st.binary(max_size=400),
-    st.lists(st.one_of(st.tuples(st.sampled_from(bypass.KINDS), RULE_TEXT).map(" ".join), st.text(CHARS, max_size=30)),
+    st.lists(st.one_of(st.tuples(st.sampled_from(rules.KINDS), RULE_TEXT).map(" ".join), st.text(CHARS, max_size=30)),
              max_size=8).map(lambda lines: "\n".join(lines).encode("utf-8", "surrogatepass")),
 ))
 def test_parse_rules_file_of_any_bytes_is_rules_or_a_rule_error(rules_dir, data):
@@ -349,12 +349,12 @@ def test_parse_rules_file_of_any_bytes_is_rules_or_a_rule_error(rules_dir, data)
     with open(path, "wb") as f:
         f.write(data)
     try:
-        rules = bypass.parse_rules_file(path)
-    except bypass.RuleError as e:
+        got = rules.parse_rules_file(path)
+    except rules.RuleError as e:
         msg = str(e)
         assert msg.startswith(f"{path}:") and msg.endswith(f"{path}: nothing was changed"), msg
         return
-    assert all(isinstance(r, bypass.Rule) for r in rules)
+    assert all(isinstance(r, rules.Rule) for r in got)
 
 
 # --- (c) a rule that parses is canonical --------------------------------------------------------
@@ -363,7 +363,7 @@ def test_parse_rules_file_of_any_bytes_is_rules_or_a_rule_error(rules_dir, data)
 def rule_spelling(draw) -> tuple[str, str]:
     """A rule as a user might write it: networks compressed, exploded, with a netmask or a
     zero-padded length, ports with leading zeros; often of a kind no rule may have."""
-    kind = draw(st.sampled_from(bypass.KINDS))
+    kind = draw(st.sampled_from(rules.KINDS))
     if kind == "port":
         lo = draw(st.integers(0, 70000))
         hi = draw(st.one_of(st.none(), st.integers(0, 70000)))
@@ -384,14 +384,14 @@ def rule_spelling(draw) -> tuple[str, str]:
 
 
 @FUZZ
-@given(st.one_of(rule_spelling(), st.tuples(st.sampled_from(bypass.KINDS), RULE_TEXT)))
+@given(st.one_of(rule_spelling(), st.tuples(st.sampled_from(rules.KINDS), RULE_TEXT)))
 def test_a_rule_that_parses_is_canonical(spelled):
     kind, value = spelled
     try:
-        rule = bypass.parse_rule(kind, value)
-    except bypass.RuleError:
+        rule = rules.parse_rule(kind, value)
+    except rules.RuleError:
         return
-    again = bypass.parse_rule(rule.kind, rule.value)
+    again = rules.parse_rule(rule.kind, rule.value)
     assert again == rule, f"{kind} {value!r} -> {rule}, which parses as {again}"
     if kind != "port":
         assert rule.value == str(ipaddress.ip_network(rule.value)), f"{rule.value} is not ipaddress's spelling"

@@ -26,25 +26,11 @@ import pytest
 from bench.proxy_tuning import CANDIDATES
 from haproxy.render import STATS_ENV, GraphProxy, Process
 from haproxy.render import render as render_haproxy
+from netns.configs import one_graph, toml_text
 from pepctl.config import Graph, parse
 from pepctl.render_nft import COUNTERS, render_nft
 
-CONFIG = """\
-[host]
-instance = "pep1"
-nic = "eth1"
-[[graph]]
-name = "g1"
-[graph.access]
-vlan = 100
-addresses = ["198.18.0.1/24", "2001:2:0:1::1/64"]
-[graph.origin]
-vlan = 200
-addresses = ["198.19.0.1/24", "2001:2:0:2::1/64"]
-[graph.proxy]
-interception = "nft"
-ports = [80, 443, "8000-8080"]
-"""
+CONFIG = toml_text(one_graph(proxy={"interception": "nft", "ports": [80, 443, "8000-8080"]}))
 GRAPH = parse(CONFIG, "test.toml").graphs[0]
 RUN_ID = secrets.token_hex(3)
 

@@ -6,53 +6,17 @@ import ipaddress
 
 import pytest
 
+from netns.configs import cluster_host, toml_text
+from netns.configs import routing_table as routing_section
 from pepctl import config as configmod
 from pepctl import drain, plan, reload, routing
 
-BASE = """
-[host]
-instance = "pep1"
-nic = "eth1"
-[[graph]]
-name = "g1"
-[graph.access]
-vlan = 100
-addresses = ["198.18.64.11/24"]
-prefixes = ["198.18.0.0/24"]
-gateways = ["198.18.64.1"]
-[graph.origin]
-vlan = 200
-addresses = ["198.19.64.11/24"]
-prefixes = ["0.0.0.0/0"]
-gateways = ["198.19.64.1"]
-[graph.proxy]
-interception = "nft"
-"""
+# The cluster lab's host ph1 without its [routing], which the tests write (routing_table) or leave out.
+BASE = toml_text({k: v for k, v in cluster_host(1, 3, proxy={"interception": "nft"}).items() if k != "routing"})
 
 
-def routing_table(host: str = "ph1", hosts: int = 3, extra: str = "") -> str:
-    members = ",\n".join(f'{{ name = "ph{i}", access = "198.18.64.{10 + i}", origin = "198.19.64.{10 + i}" }}'
-                         for i in range(1, hosts + 1))
-    return f"""
-[routing]
-asn = 65011
-host = "{host}"
-hosts = [
-{members},
-]
-subscribers = "198.18.0.0/24"
-shares = 8
-anchors = "198.18.96.0/27"
-{extra}
-[[routing.peer]]
-side = "access"
-address = "198.18.64.1"
-asn = 65001
-[[routing.peer]]
-side = "origin"
-address = "198.19.64.1"
-asn = 65002
-"""
+def routing_table(host: int = 1, hosts: int = 3, **extra) -> str:
+    return toml_text({"routing": routing_section(host, hosts, **extra)})
 
 
 def parse(text: str) -> configmod.Config:
@@ -98,7 +62,7 @@ def test_removing_a_host_moves_only_its_shares():
 
 
 def test_assign_pins_a_share():
-    r = parse(BASE + routing_table(extra='assign = { "0" = ["ph3", "ph2"] }')).routing
+    r = parse(BASE + routing_table(assign={"0": ["ph3", "ph2"]})).routing
     assert routing.owners(r)[0] == ("ph3", "ph2")
 
 
@@ -195,7 +159,7 @@ def test_a_transit_link_subnet_is_on_link():
     no prefix covers (the link to a router) gets its own on-link route, or its gateway and the
     other hosts there would be unreachable."""
     cfg = parse(BASE + routing_table())
-    lines = plan.route_lines(cfg, cfg.graphs[0])
+    lines = plan.route_lines(cfg.graphs[0])
     assert "route replace 198.18.64.0/24 dev c_in scope link src 198.18.64.11 proto static congctl bbr " \
            "initcwnd 32" in lines, lines
     assert any(x.startswith("route replace 198.19.64.0/24 dev s_in scope link") for x in lines), lines

@@ -60,7 +60,7 @@ def test_open_file_limit_lets_maxconn_grow():
 
 
 # -- the supervisor's unit (etc/systemd/pep-supervisor@.service) -------------------------------------
-SUPERVISOR = os.path.join(REPO, "etc", "systemd", "pep-supervisor@.service")
+SUPERVISOR = service.UNIT_FILE
 DOCUMENTED_CAPS = {"CAP_NET_ADMIN", "CAP_SYS_ADMIN", "CAP_NET_BIND_SERVICE"}   # haproxy/README.md
 
 
@@ -117,7 +117,7 @@ def test_keeper_runs_the_unit_as_systemd_would():
 
 
 # -- the exporter's unit (etc/systemd/pep-exporter@.service) -------------------------------------
-EXPORTER = os.path.join(REPO, "etc", "systemd", names.EXPORTER_UNIT)
+EXPORTER = service.EXPORTER_UNIT_FILE
 EXPORTER_CAPS = {"CAP_BPF", "CAP_SYS_ADMIN", "CAP_DAC_OVERRIDE", "CAP_NET_BIND_SERVICE"}
 
 

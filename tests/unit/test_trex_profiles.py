@@ -21,6 +21,8 @@ import subprocess
 import sys
 
 import pytest
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Dot1Q, Ether
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROFILES = os.path.join(REPO, "trex-profiles")
@@ -194,9 +196,6 @@ def ip_int(ip):
     ("1", 200, "198.19.0.10", "198.18.0.10", "dst"),   # port 1: origin side
 ])
 def test_stl_frames_are_vlan_tagged_64_byte_udp(compiled, direction, vlan, src, dst, client_field):
-    from scapy.layers.inet import IP, UDP
-    from scapy.layers.l2 import Dot1Q, Ether
-
     streams = compiled["udp_vlan_steering"]["directions"][direction]
     assert len(streams) == 1, f"direction {direction}: {len(streams)} streams"
     raw = base64.b64decode(streams[0]["packet"]["binary"])

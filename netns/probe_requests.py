@@ -1,6 +1,6 @@
 """Send a small HTTP request on a new connection every INTERVAL s for SECONDS, on a fixed schedule.
 
-Run by bench/responsiveness.py in the lab's client namespace. Each request starts on time whether
+Run by netns/workloads.py one_run in the lab's client namespace. Each request starts on time whether
 or not the ones before it have finished (a request stuck behind a full buffer does not thin out
 the samples, as a loop of curl would), and its time runs from connect() to the response's last
 byte, handshake included. Prints one JSON object: {"samples": [[offset s, time s], ...],

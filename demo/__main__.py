@@ -8,6 +8,9 @@ removes everything it made.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import json
 import os
 import re
@@ -16,7 +19,11 @@ import signal
 import sys
 import time
 
+from bench.common import print_table, write_report
+from bench.pep_gain import run_grid
+from netns.addresses import CLIENT4, ORIGIN4, ORIGIN_URL4, ORIGIN_URL6
 from netns.handle import LabHandle
+from netns.workloads import one_run, set_mode, set_profile
 
 
 def say(text: str = "") -> None:
@@ -26,7 +33,7 @@ def say(text: str = "") -> None:
 def show_requests(lab: LabHandle) -> None:
     say("1. The client fetches the origin's page; the proxy answers as the origin, and connects to")
     say("   the origin as the client (transparent both ways):")
-    for fam, url in (("IPv4", "http://198.19.0.10/"), ("IPv6", "http://[2001:2:0:2::10]/")):
+    for fam, url in (("IPv4", f"{ORIGIN_URL4}/"), ("IPv6", f"{ORIGIN_URL6}/")):
         tag = f"demo{secrets.token_hex(3)}"
         body = lab.run("client", "curl", "-s", "-m", "5", f"{url}?{tag}", check=False).stdout.strip()
         say(f"   {fam}: client got {body!r}; the origin saw the request come from {lab.origin_peer(tag)}")
@@ -36,7 +43,7 @@ def show_requests(lab: LabHandle) -> None:
 def show_split_flow(lab: LabHandle) -> None:
     say("2. During a 50 MB download, inside the proxy namespace (ss -tin):")
     dl = lab.popen("client", "curl", "-s", "-o", "/dev/null", "--limit-rate", "20M", "-m", "10",
-                   "http://198.19.0.10/50m")
+                   f"{ORIGIN_URL4}/50m")
     try:
         found = {}
         deadline = time.monotonic() + 5
@@ -45,9 +52,9 @@ def show_split_flow(lab: LabHandle) -> None:
             for head, info in zip(lines[::2], lines[1::2], strict=False):
                 peer = head.split()[-1]
                 cc = re.search(r"\b(bbr|cubic|reno)\b", info)
-                if cc and peer.startswith("198.18.0.10:"):
+                if cc and peer.startswith(f"{CLIENT4}:"):
                     found["client"] = (peer, cc.group(1))
-                elif cc and peer == "198.19.0.10:80":
+                elif cc and peer == f"{ORIGIN4}:80":
                     found["origin"] = (peer, cc.group(1))
             time.sleep(0.1)
         for side, want in (("client", "bbr"), ("origin", "cubic")):
@@ -63,7 +70,7 @@ def show_split_flow(lab: LabHandle) -> None:
 def show_throughput(lab: LabHandle) -> None:
     say("3. A 50 MB download through the proxy:")
     out = lab.run("client", "curl", "-s", "-o", "/dev/null", "-w", "%{size_download} %{time_total} %{speed_download}",
-                  "http://198.19.0.10/50m", timeout=60).stdout.split()
+                  f"{ORIGIN_URL4}/50m", timeout=60).stdout.split()
     size, secs, speed = int(out[0]), float(out[1]), float(out[2])
     say(f"   {size / 1e6:.1f} MB in {secs:.2f} s = {speed * 8 / 1e9:.2f} Gbit/s "
         "(the access link has no impairment yet)")
@@ -72,19 +79,13 @@ def show_throughput(lab: LabHandle) -> None:
 
 def show_routed(lab: LabHandle) -> None:
     say("4. Everything that is not intercepted TCP is routed, not proxied:")
-    ping = lab.run("client", "ping", "-c", "3", "-i", "0.2", "-q", "198.19.0.10", check=False).stdout
+    ping = lab.run("client", "ping", "-c", "3", "-i", "0.2", "-q", ORIGIN4, check=False).stdout
     m = re.search(r"(\d+) received", ping)
-    say(f"   ping 198.19.0.10: {m.group(1) if m else '?'}/3 replies")
+    say(f"   ping {ORIGIN4}: {m.group(1) if m else '?'}/3 replies")
     say()
 
 
 def show_gain(lab: LabHandle) -> None:
-    import argparse
-    import contextlib
-    import io
-
-    from bench.common import write_report
-    from bench.pep_gain import run_grid
     rtt, loss, rate = 50, 1, 100
     say(f"5. The access link turns lossy ({rtt} ms RTT, {loss}% loss, {rate} Mbit/s, emulated by linkem):")
     say("   the same transfers with the PEP, and with it bypassed (end-to-end CUBIC, same path) ...")
@@ -109,8 +110,6 @@ def show_gain(lab: LabHandle) -> None:
 
 
 def show_responsiveness(lab: LabHandle) -> None:
-    from bench.pep_gain import set_mode
-    from bench.responsiveness import one_run, set_profile
     got = {}
     for mode in ("proxy", "e2e"):
         set_mode(lab, mode)
@@ -135,7 +134,7 @@ def show_failopen(lab: LabHandle) -> None:
 
     def fetch() -> str:
         return lab.run("client", "curl", "-s", "-m", "5", "-o", "/dev/null", "-w", "%{http_code}",
-                       "http://198.19.0.10/", check=False).stdout
+                       f"{ORIGIN_URL4}/", check=False).stdout
 
     before = status()
     proxy = before["proxy"]
@@ -211,10 +210,6 @@ def plot_gain(cell: dict, link: str):
 
 
 def print_table_indented(rows) -> None:
-    import contextlib
-    import io
-
-    from bench.common import print_table
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         print_table(rows)
