@@ -516,8 +516,7 @@ static void on_ack(struct flow *f, __u32 id, __u64 now, __u64 cum, __u64 sacked,
 	}
 	if (!f->bulk && f->una >= f->total && !f->pending) {
 		f->done = 1;
-		if (f->rf.has_sub && sub.flows)
-			sub.flows--;
+		radio_stop(&sub, &f->rf, MSS);
 		return;
 	}
 	if (sender_cubic) {

@@ -205,11 +205,9 @@ void BPF_PROG(radio_release, struct sock *sk)
 	st = bpf_map_lookup_elem(&radio_stats, &key.netns);
 	if (st)
 		__sync_fetch_and_add(&st->flows_ended, 1);
-	if (!flow_of(sk)->has_sub)
-		return;
 	sub = bpf_map_lookup_elem(&radio_subs, &key);
-	if (sub && sub->flows)
-		__sync_fetch_and_add(&sub->flows, -1);
+	if (sub)
+		radio_stop(sub, flow_of(sk), ((struct tcp_sock *)sk)->mss_cache);
 }
 
 SEC("struct_ops")

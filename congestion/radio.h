@@ -61,6 +61,7 @@ struct radio_sub {
 	__u64 min_rtt_stamp_us;            /* when the current minimum-RTT bucket opened */
 	__u64 resumed_us;                  /* the link last resumed after a pause: earlier sends waited in it */
 	__u64 drained_us;                  /* the last drain of its queue */
+	__s64 inflight;                    /* bytes its flows had in flight at their last ACKs, together */
 	__u32 min_rtt_us;                  /* least RTT of the current bucket */
 	__u32 min_rtt_prev_us;             /* ... and of the bucket before */
 	__u32 win_qd_us;                   /* least queue sample of the window: the standing queue */

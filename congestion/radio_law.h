@@ -186,17 +186,34 @@ struct radio_out {
 	__u8 window_ended;
 };
 
-/* The flow's window and pacing rate: its share of the subscriber's window
- * (shared among the bulk flows of the last window, plus `joining`). */
+/* A flow's window and pacing rate for a share of `share` bytes. */
+static inline void radio_share_of(__u64 share, __u32 min_rtt_us, __u32 mss, struct radio_out *out)
+{
+	out->cwnd = radio_cwnd(share, mss);
+	out->pacing = radio_pacing(share, min_rtt_us);
+}
+
+/* The flow's window and pacing rate: its share of the subscriber's window (shared among the bulk
+ * flows of the last window, plus `joining`), and no more than it has in flight plus what the
+ * subscriber's flows together leave of the window. Shares alone would not bound the sum: a flow
+ * that sent all it had (a keep-alive connection between objects, one that just joined) keeps a
+ * share it is not using, and six of them (a page opened beside a download) would put three windows
+ * in the radio's buffer at once when their next objects come; a shallow buffer drops the
+ * handshakes and answers of them all. */
 static inline void radio_share(const struct radio_sub *sub, __u32 min_rtt_us, __u32 mss, __u32 joining,
-			       struct radio_out *out)
+			       const struct radio_flow *f, struct radio_out *out)
 {
 	__u32 sharers = sub->bulk + joining;
 	__u64 window = sub->draining ? sub->rate * min_rtt_us / RADIO_USEC / 2 : sub->window;
 	__u64 share = window / (sharers ? sharers : 1);
+	__s64 others = sub->inflight - (__s64)f->in_flight * mss;
+	__s64 room = (__s64)window - (others > 0 ? others : 0);
 
-	out->cwnd = radio_cwnd(share, mss);
-	out->pacing = radio_pacing(share, min_rtt_us);
+	if (room < (__s64)RADIO_CWND_MIN * mss)
+		room = (__s64)RADIO_CWND_MIN * mss;
+	if ((__u64)room < share)
+		share = (__u64)room;
+	radio_share_of(share, min_rtt_us, mss, out);
 }
 
 /* The subscriber's minimum RTT as known now (0: none yet). */
@@ -245,7 +262,20 @@ static inline void radio_start(struct radio_sub *sub, struct radio_flow *f, __u6
 	f->has_sub = 1;
 	__sync_fetch_and_add(&sub->flows, 1);
 	sub->target_us = target_us;        /* the graph's, as it is now */
-	radio_share(sub, min_rtt ? min_rtt : srtt_us, mss, 1, out);
+	if (sub->flows == 1)
+		sub->inflight = 0;         /* its only flow: whatever the count held is stale */
+	radio_share(sub, min_rtt ? min_rtt : srtt_us, mss, 1, f, out);
+}
+
+/* A flow ends: what it had in flight leaves its subscriber's count. */
+static inline void radio_stop(struct radio_sub *sub, struct radio_flow *f, __u32 mss)
+{
+	if (!f->has_sub)
+		return;
+	f->has_sub = 0;
+	if (sub->flows)
+		__sync_fetch_and_add(&sub->flows, -1);
+	__sync_fetch_and_add(&sub->inflight, -(__s64)f->in_flight * mss);
 }
 
 /* The end of a subscriber's control window: its next window and rate. */
@@ -363,6 +393,9 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 
 	__builtin_memset(out, 0, sizeof(*out));
 	f->last_ack_us = a->now_us;
+	/* What the subscriber has in flight, all flows together (the last ACK's count of each). */
+	if (a->packets_out != f->in_flight)
+		__sync_fetch_and_add(&sub->inflight, ((__s64)a->packets_out - (__s64)f->in_flight) * a->mss);
 	f->in_flight = a->packets_out;
 
 	if (in_flight_before && a->now_us - sub->last_ack_us >= RADIO_SILENCE_US) {
@@ -418,7 +451,7 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 	if (a->now_us - start >= radio_window_us(min_rtt) &&
 	    __sync_val_compare_and_swap(&sub->win_start_us, start, a->now_us) == start)
 		radio_end_window(sub, start, a->now_us, min_rtt, out);
-	radio_share(sub, min_rtt, a->mss, 0, out);
+	radio_share(sub, min_rtt, a->mss, 0, f, out);
 }
 
 #endif /* PEP_RADIO_LAW_H */
