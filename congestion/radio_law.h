@@ -442,9 +442,13 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 		f->window_id = sub->window_id + 1;
 		__sync_fetch_and_add(&sub->win_bulk, 1);
 	}
-	/* The flow filled its window: only then may the window grow (one held
-	 * back by its receiver or its application says nothing of the link). */
-	if (!a->app_limited && a->prior_in_flight * 4 >= a->cwnd * 3)
+	/* The subscriber's flows together filled its window (this one filled its own, and with the
+	 * others' flight it came to three quarters of the window): only then may the window grow. One
+	 * held back by its receiver or its application says nothing of the link, and neither does a
+	 * flow that filled a small window of its own while the others left most of the subscriber's
+	 * unused (a window grown so would land on the radio's queue at once when they end). */
+	if (!a->app_limited && a->prior_in_flight * 4 >= a->cwnd * 3 &&
+	    (sub->inflight + (__s64)(a->prior_in_flight - a->packets_out) * a->mss) * 4 >= (__s64)sub->window * 3)
 		sub->win_full = 1;
 
 	start = sub->win_start_us;
