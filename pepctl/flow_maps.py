@@ -53,16 +53,18 @@ COUNTERS = (
     "flows_bypass_control",
     "flows_measured",
     "records_dropped",
+    "flows_bypass_mptcp",
 )
 
 GRAPHS_MAX = 2048                                # PEP_GRAPHS_MAX
 IFINDEX_BASE = 0x100000                          # PEP_IFINDEX_BASE
 LOCAL_MARK = 1                                   # PEP_LOCAL_MARK
 SIDE_ACCESS, SIDE_ORIGIN = 1, 2                  # enum flow_side
-VERDICTS = {1: "proxy", 2: "bypass_rule", 3: "bypass_failopen", 4: "bypass_control"}   # enum flow_verdict
+VERDICTS = {1: "proxy", 2: "bypass_rule", 3: "bypass_failopen", 4: "bypass_control",   # enum flow_verdict
+            5: "bypass_mptcp"}
 STATES = {1: "syn_seen", 2: "synack_seen"}       # enum flow_state
 GRAPH_F_ENABLED, GRAPH_F_ASSIGN, GRAPH_F_ALL_PORTS, GRAPH_F_ORIGIN_SYNS = 0x1, 0x2, 0x4, 0x8
-GRAPH_F_MEASURE = 0x10
+GRAPH_F_MEASURE, GRAPH_F_PROXY_MPTCP = 0x10, 0x20
 PORTS = 65536
 
 # Layouts (native byte order, as the kernel stores them; "x" is explicit padding).

@@ -216,7 +216,8 @@ def print_table(report: dict, out) -> None:
         f = g["flows"]
         if "error" not in f:
             print(f"  {g['name']:<12} flows proxied {f['flows_proxied']}, bypassed by rule {f['flows_bypass_rule']}, "
-                  f"by fail-open {f['flows_bypass_failopen']}, not intercepted {f['flows_not_intercepted']}, "
+                  f"by fail-open {f['flows_bypass_failopen']}, MPTCP {f['flows_bypass_mptcp']}, "
+                  f"not intercepted {f['flows_not_intercepted']}, "
                   f"to the PEP itself (dropped) {f['syn_to_self']}", file=out)
             x = g["experiment"]
             if x["control_fraction"]:

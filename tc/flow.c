@@ -11,6 +11,8 @@
  *   1 to the graph's own addresses  TC_ACT_SHOT (syn_to_self)
  *   2 port or direction not ours    TC_ACT_OK, not remembered (flows_not_intercepted)
  *   3 a bypass rule matches         BYPASS_RULE: remembered, forwarded here
+ *  3a an MPTCP option (and not      BYPASS_MPTCP: remembered, forwarded here
+ *     mptcp = "proxy")
  *  3b a control-group subscriber    BYPASS_CONTROL: remembered, forwarded here
  *   4 no proxy listener, or (mode   BYPASS_FAILOPEN: remembered, forwarded here
  *     bpf) the hand-over refused
@@ -179,6 +181,8 @@ static __always_inline __u32 verdict_counter(__u32 verdict)
 		return CNT_FLOWS_BYPASS_RULE;
 	if (verdict == VERDICT_BYPASS_CONTROL)
 		return CNT_FLOWS_BYPASS_CONTROL;
+	if (verdict == VERDICT_BYPASS_MPTCP)
+		return CNT_FLOWS_BYPASS_MPTCP;
 	return CNT_FLOWS_BYPASS_FAILOPEN;
 }
 
@@ -186,6 +190,7 @@ static __always_inline __u32 verdict_counter(__u32 verdict)
 static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
 				      const struct flow_key *k)
 {
+	struct syn_opts o = {};
 	__u32 verdict;
 
 	if (to_self(w, p)) {
@@ -196,8 +201,12 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 	}
 	if (!intercepted(w, p))
 		return pass(w, CNT_FLOWS_NOT_INTERCEPTED);
+	if (read_syn_opts(skb, p, &o))
+		return pass(w, CNT_PKTS_NOT_TCP);   /* a header the stack will judge (and drop) */
 	if (rule_hit(k, w, p))
 		verdict = VERDICT_BYPASS_RULE;
+	else if (o.mptcp && !(w->flags & GRAPH_F_PROXY_MPTCP))
+		verdict = VERDICT_BYPASS_MPTCP;
 	else if (in_control(k, w))
 		verdict = VERDICT_BYPASS_CONTROL;
 	else

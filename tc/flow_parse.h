@@ -36,6 +36,19 @@
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_RST 0x04
 #define TCP_FLAG_ACK 0x10
+#define TCP_FLAG_ECE 0x40
+#define TCP_FLAG_CWR 0x80
+
+#define TCP_OPTS_MAX 40      /* a TCP header holds at most 40 bytes of options */
+#define TCP_OPTS_BUF 64      /* room for them, a power of two: indexes are masked for the verifier */
+
+/* x & mask, done where the verifier sees it: the compiler, knowing x is in range already,
+ * would drop a plain mask and leave the verifier with a register it has no bounds for. */
+#define MASKED(x, mask) ({ __u32 __v = (x); asm volatile("" : "+r"(__v)); __v & (mask); })
+#define TCPOPT_EOL 0
+#define TCPOPT_NOP 1
+#define TCPOPT_TIMESTAMP 8   /* kind 8, length 10: TSval, TSecr */
+#define TCPOPT_MPTCP 30      /* RFC 8684: MP_CAPABLE, MP_JOIN, ... (any subtype) */
 
 struct tcp_pkt {
 	union {
@@ -128,6 +141,70 @@ static __always_inline int parse_tcp(struct __sk_buff *skb, struct tcp_pkt *p)
 	p->seq = bpf_ntohl(p->tcp.seq);
 	p->ack_seq = bpf_ntohl(p->tcp.ack_seq);
 	p->flags = ((const __u8 *)&p->tcp)[TCP_FLAGS_OFF];
+	return 0;
+}
+
+/* The options of a SYN, kept as they came (the honest handshake replays them)
+ * and read for what the decision needs. */
+struct syn_opts {
+	__u8 bytes[TCP_OPTS_BUF];
+	__u32 len;         /* bytes of options: doff * 4 - 20, at most TCP_OPTS_MAX */
+	__u32 tsval;       /* host order, when has_ts */
+	__u8 mptcp;        /* an MPTCP option is present */
+	__u8 has_ts;
+	__u16 payload;     /* bytes of data after the header (a Fast Open SYN carries some) */
+	__u32 scan;        /* scan_one_opt's place in bytes */
+};
+
+/* One option of o->bytes at o->scan: noted, and o->scan moved past it.
+ * Non-zero ends the scan. A bpf_loop callback, verified once: an unrolled
+ * or bounded loop here made the verifier follow every mix of option lengths
+ * (two paths an option, forty options) past its limit. */
+static long scan_one_opt(__u32 index, void *ctx)
+{
+	struct syn_opts *o = ctx;
+	__u32 off = o->scan;
+	__u8 kind, olen;
+
+	(void)index;
+	if (off >= o->len || off >= TCP_OPTS_MAX - 1)
+		return 1;
+	kind = o->bytes[MASKED(off, TCP_OPTS_BUF - 1)];
+	if (kind == TCPOPT_EOL)
+		return 1;
+	if (kind == TCPOPT_NOP) {
+		o->scan = off + 1;
+		return 0;
+	}
+	olen = o->bytes[MASKED(off + 1, TCP_OPTS_BUF - 1)];
+	if (olen < 2 || off + olen > o->len)
+		return 1;   /* malformed: what was read so far stands */
+	if (kind == TCPOPT_MPTCP) {
+		o->mptcp = 1;
+	} else if (kind == TCPOPT_TIMESTAMP && olen == 10) {
+		__builtin_memcpy(&o->tsval, &o->bytes[MASKED(off + 2, TCP_OPTS_BUF / 2 - 1)], 4);
+		o->tsval = bpf_ntohl(o->tsval);
+		o->has_ts = 1;
+	}
+	o->scan = off + olen;
+	return 0;
+}
+
+/* Zero: o holds p's options, read and scanned. Non-zero: the header's data
+ * offset is out of range (less than 5 words, or past the packet's end). */
+static __always_inline int read_syn_opts(struct __sk_buff *skb, const struct tcp_pkt *p, struct syn_opts *o)
+{
+	__u32 hdr = p->tcp.doff * 4, l3 = p->l4_off - ETH_HLEN, ip_len;
+
+	if (hdr < sizeof(struct tcphdr) || hdr > sizeof(struct tcphdr) + TCP_OPTS_MAX)
+		return -1;
+	o->len = hdr - sizeof(struct tcphdr);
+	ip_len = p->family == 4 ? bpf_ntohs(p->ip.v4.tot_len) : bpf_ntohs(p->ip.v6.payload_len) + sizeof(struct ipv6hdr);
+	o->payload = ip_len > l3 + hdr ? ip_len - l3 - hdr : 0;
+	if (o->len && bpf_skb_load_bytes(skb, p->l4_off + sizeof(struct tcphdr), o->bytes, o->len))
+		return -1;
+	o->scan = 0;
+	bpf_loop(TCP_OPTS_MAX, scan_one_opt, o, 0);
 	return 0;
 }
 

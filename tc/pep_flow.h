@@ -27,6 +27,10 @@
  *   3. a bypass rule matches (client / server prefix, destination port:
  *      bypass_client4/6, bypass_server4/6, bypass_ports):
  *      BYPASS_RULE;
+ *   3a. the SYN carries an MPTCP option (MP_CAPABLE, or MP_JOIN of a subflow),
+ *      unless the graph has GRAPH_F_PROXY_MPTCP: BYPASS_MPTCP. HAProxy would
+ *      answer it as plain TCP, and a multipath subscriber would lose its
+ *      subflows; bypassed, the origin sees MP_CAPABLE and answers it;
  *   3b. opened from the access side by a subscriber of the control group
  *      (client_hash(subscriber, control_seed) < control_below): BYPASS_CONTROL;
  *   4. no proxy socket listens for it (the graph's listen_port, or the SYN's
@@ -38,7 +42,7 @@
  *      which one policy rule routes to the local table; a failed hand-over
  *      makes the flow BYPASS_FAILOPEN (assign_failed). Without it (modes nft
  *      and route) the stack's own interception takes the SYN.
- * Bypassed flows (verdicts 3, 3b and 4) are remembered and forwarded at L3 by
+ * Bypassed flows (verdicts 3, 3a, 3b and 4) are remembered and forwarded at L3 by
  * this program for their whole life, whatever the rules or the proxy do
  * later. Proxied flows are not remembered: they are known by their sockets.
  * With GRAPH_F_ASSIGN every later packet whose socket exists (bpf_skc_lookup_tcp)
@@ -99,6 +103,7 @@ struct graph_config {
 #define GRAPH_F_ALL_PORTS   0x4  /* every TCP port is intercepted; else those in intercept_ports */
 #define GRAPH_F_ORIGIN_SYNS 0x8  /* flows opened from the origin side are intercepted too */
 #define GRAPH_F_MEASURE     0x10 /* the experiment is on: measure access-side flows of both groups */
+#define GRAPH_F_PROXY_MPTCP 0x20 /* mptcp = "proxy": SYNs with an MPTCP option are decided as any other */
 
 /* bypass_ports, intercept_ports: HASH port_key -> __u32 (non-zero: present).
  * bypass_ports: SYNs to that port are bypassed (a rule). intercept_ports:
@@ -147,6 +152,7 @@ enum flow_verdict {
 	VERDICT_BYPASS_RULE = 2,
 	VERDICT_BYPASS_FAILOPEN = 3,
 	VERDICT_BYPASS_CONTROL = 4,   /* the subscriber is in the control group */
+	VERDICT_BYPASS_MPTCP = 5,     /* the SYN carries an MPTCP option: multipath end to end */
 };
 
 enum flow_state {
@@ -204,6 +210,7 @@ enum flow_counter {
 	CNT_FLOWS_BYPASS_CONTROL,   /* first SYNs decided BYPASS_CONTROL (the control group) */
 	CNT_FLOWS_MEASURED,         /* flows measured for the experiment (GRAPH_F_MEASURE) */
 	CNT_RECORDS_DROPPED,        /* measured flows' records lost: flow_records full (nobody pops it) */
+	CNT_FLOWS_BYPASS_MPTCP,     /* first SYNs decided BYPASS_MPTCP */
 	CNT_MAX
 };
 

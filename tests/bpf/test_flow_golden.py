@@ -150,10 +150,11 @@ def on_origin(l3: Packet, slot: int = 0) -> Packet:
 
 
 def tcp(src: str, sport: int, dst: str, dport: int, flags: str, seq: int, ack: int, ttl: int = 64,
-        **ip) -> Packet:
+        opts: tuple = (), **ip) -> Packet:
+    seg = TCP(sport=sport, dport=dport, flags=flags, seq=seq, ack=ack, options=list(opts))
     if ":" in src:
-        return IPv6(src=src, dst=dst, hlim=ttl) / TCP(sport=sport, dport=dport, flags=flags, seq=seq, ack=ack)
-    return IP(src=src, dst=dst, ttl=ttl, **ip) / TCP(sport=sport, dport=dport, flags=flags, seq=seq, ack=ack)
+        return IPv6(src=src, dst=dst, hlim=ttl) / seg
+    return IP(src=src, dst=dst, ttl=ttl, **ip) / seg
 
 
 def syn(sport: int, dport: int = 80, src: str = CLIENT, dst: str = SERVER, flags: str = "S", seq: int = 1000,
@@ -220,6 +221,12 @@ def cnt(**moves: int) -> dict[str, int]:
 BYPASSED = cnt(pkts_bypassed=1)
 NEW_BYPASS = cnt(flows_bypass_rule=1, pkts_bypassed=1)
 NEW_PROXY = cnt(flows_proxied=1)
+NEW_MPTCP = cnt(flows_bypass_mptcp=1, pkts_bypassed=1)
+# TCP options of a Linux SYN, and RFC 8684's MPTCP options: MP_CAPABLE (subtype 0, version 1, flag
+# A: checksums; v1 SYNs carry no key) and MP_JOIN (subtype 1, the receiver's token, a nonce).
+LINUX_OPTS = (("MSS", 1460), ("SAckOK", b""), ("Timestamp", (123456, 0)), ("NOP", None), ("WScale", 7))
+MP_CAPABLE = (30, bytes([0x01, 0x81]))
+MP_JOIN = (30, bytes([0x10, 0x00]) + b"\x0b\xad\xca\xfe" + b"\x12\x34\x56\x78")
 FAILOPEN = cnt(flows_bypass_failopen=1, pkts_bypassed=1)
 ASSIGN_REFUSED = cnt(assign_failed=1, flows_bypass_failopen=1, pkts_bypassed=1)   # slot 1, listener up
 NO_FLOW = cnt(pkts_no_flow=1)
@@ -517,6 +524,32 @@ CASES = [
         Send("access1", ack1(40122, ack=123457), TC_ACT_OK, counters=NO_FLOW),
         Send("origin1", reply1(80, 40122, flags="A", ack=1001), TC_ACT_OK, counters=NO_FLOW)]),
     # -- the flow tables: handshake, promotion, retransmissions, reuse, end
+    # -- 3a. MPTCP: bypassed by default, end to end
+    Case("mptcp-capable", "a SYN with MP_CAPABLE among Linux's options is bypassed (BYPASS_MPTCP), its "
+         "SYN-ACK forwarded; a plain SYN from the same client is proxied", [
+        Send("access", syn(40130, opts=(*LINUX_OPTS, MP_CAPABLE)), TC_ACT_REDIRECT,
+             fwd(syn(40130, opts=(*LINUX_OPTS, MP_CAPABLE))), NEW_MPTCP),
+        Send("origin", reply(80, 40130, opts=(MP_CAPABLE,)), TC_ACT_REDIRECT,
+             fwd(reply(80, 40130, opts=(MP_CAPABLE,))), BYPASSED),
+        Send("access", syn(40131, opts=LINUX_OPTS), TC_ACT_OK, counters=NEW_PROXY)],
+        flows=[Flow(CLIENT, 40130, SERVER, 80, "flows_new", "bypass_mptcp", state="synack_seen"),
+               Flow(CLIENT, 40131, SERVER, 80, None)]),
+    Case("mptcp-join-v6", "an IPv6 SYN with MP_JOIN (a subflow) is bypassed too", [
+        Send("access", syn(40132, src=CLIENT6, dst=SERVER6, opts=(MP_JOIN, ("NOP", None), ("NOP", None))),
+             TC_ACT_REDIRECT, fwd(syn(40132, src=CLIENT6, dst=SERVER6, opts=(MP_JOIN, ("NOP", None), ("NOP", None)))),
+             NEW_MPTCP)],
+        flows=[Flow(CLIENT6, 40132, SERVER6, 80, "flows_new", "bypass_mptcp")]),
+    Case("mptcp-after-eol", "an MPTCP option after End of Options is no option: proxied", [
+        Send("access", syn(40133, opts=(("MSS", 1460), ("EOL", None), MP_CAPABLE)), TC_ACT_OK, counters=NEW_PROXY)]),
+    Case("mptcp-rule-first", "a bypass rule comes before MPTCP: counted as bypass_rule", [
+        Send("access", syn(40134, opts=(MP_CAPABLE,)), TC_ACT_REDIRECT, fwd(syn(40134, opts=(MP_CAPABLE,))),
+             NEW_BYPASS)], rules=C32, flows=[Flow(CLIENT, 40134, SERVER, 80, "flows_new", "bypass_rule")]),
+    Case("mptcp-proxy", "mptcp = \"proxy\" (GRAPH_F_PROXY_MPTCP): an MP_CAPABLE SYN is proxied as plain TCP", [
+        graph_flags(0, fm.GRAPH_F_ENABLED | fm.GRAPH_F_PROXY_MPTCP, LPORT0),
+        Send("access", syn(40135, opts=(*LINUX_OPTS, MP_CAPABLE)), TC_ACT_OK, counters=NEW_PROXY)]),
+    Case("bad-data-offset", "a SYN whose data offset points past its end is left to the stack", [
+        Send("access", on_access(IP(src=CLIENT, dst=SERVER) / TCP(sport=40136, dport=80, flags="S", dataofs=15)),
+             TC_ACT_OK, counters=cnt(pkts_not_tcp=1))]),
     Case("syn-retransmit", "a retransmitted SYN keeps the verdict and is counted once", [
         Send("access", syn(40017), TC_ACT_REDIRECT, fwd(syn(40017)), NEW_BYPASS),
         Send("access", syn(40017), TC_ACT_REDIRECT, fwd(syn(40017)), BYPASSED)],
