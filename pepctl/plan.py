@@ -306,12 +306,12 @@ def flow_attach_batch(pins: str) -> str:
 
 
 # Mode bpf hands a new flow's SYN to the listener itself, past the kernel's TIME_WAIT handling: a
-# TIME_WAIT socket left on the same 4-tuple by the proxy's previous connection with that client
-# port would make the kernel drop the new connection as a duplicate (measured: 1,600 then 23
-# transactions in 3 s once clients reused ports). nft's tproxy kills such a socket on the SYN;
-# bpf cannot, so the graph's namespace keeps none: its sockets close without TIME_WAIT (the
-# FIN exchange is unchanged; only the 60 s guard against stray old segments is gone).
-BPF_SYSCTLS = [("net.ipv4.tcp_max_tw_buckets", "0")]
+# TIME_WAIT socket left on the same 4-tuple by the proxy's previous connection would make the
+# listener drop the SYN as a duplicate. The datapath ends such a socket with a RST first, as nft's
+# tproxy does (tc/flow.c past_time_wait), which needs RFC 1337's "ignore RSTs in TIME_WAIT" off:
+# the kernel's default, made sure of here. TIME_WAIT itself is kept (tcp_max_tw_buckets as the
+# kernel sizes it): late segments of a closed connection reach its socket, not the origin.
+BPF_SYSCTLS = [("net.ipv4.tcp_rfc1337", "0")]
 
 
 def graph_steps(cfg: Config, g: Graph) -> list[Step]:

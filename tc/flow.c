@@ -35,6 +35,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "pep_flow.h"
+#include "flow_craft.h"
 #include "flow_fwd.h"
 #include "flow_maps.h"
 #include "flow_measure.h"
@@ -175,6 +176,50 @@ static __always_inline __u32 to_proxy(struct __sk_buff *skb, const struct tcp_pk
 	return verdict;
 }
 
+/* Mode bpf, a SYN about to be proxied, a TIME_WAIT socket of the proxy on
+ * its 4-tuple (HAProxy's accepted socket, when the proxy closed first): the
+ * listener would drop the SYN as a duplicate of it, and the kernel's own
+ * lookup, which lets a SYN past TIME_WAIT, looks for a listener on the
+ * origin's port and finds none. So when the kernel would let this SYN past
+ * (tw_takes_syn), a copy goes round again (this interface's ingress,
+ * PEP_RETRY_MARK) and the SYN itself becomes the RST that ends the socket
+ * (seq = its rcv_nxt; net.ipv4.tcp_rfc1337 = 0 in the graph's namespace),
+ * delivered before the copy comes back: nft's tproxy does the same. A SYN it
+ * would not let past, or a copy that finds the socket still there, goes to
+ * the TIME_WAIT socket, which answers as the kernel does (an ACK). -1: no
+ * TIME_WAIT socket, decide as usual. */
+static __always_inline int past_time_wait(struct __sk_buff *skb, const struct tcp_pkt *p, const struct syn_opts *o,
+					  const struct where *w)
+{
+	struct bpf_sock *sk = sock_for(skb, p, p->dport);
+	int retry = skb->mark == PEP_RETRY_MARK, takes;
+	__u32 rcv_nxt = 0;
+
+	if (retry)
+		skb->mark = 0;
+	if (!sk)
+		return -1;
+	if (sk->state != BPF_TCP_TIME_WAIT) {
+		bpf_sk_release(sk);
+		return -1;
+	}
+	takes = !retry && !o->payload && tw_takes_syn(sk, p, o, &rcv_nxt);
+	bpf_sk_release(sk);
+	if (takes) {
+		skb->mark = PEP_RETRY_MARK;
+		if (!bpf_clone_redirect(skb, skb->ifindex, BPF_F_INGRESS)) {
+			count(w->slot, CNT_TW_RESET);
+			if (make_rst(skb, p, rcv_nxt, 0))
+				return TC_ACT_SHOT;   /* half-made; the copy finds the socket and is answered */
+			skb->mark = PEP_LOCAL_MARK;
+			return TC_ACT_OK;
+		}
+	}
+	skb->mark = PEP_LOCAL_MARK;
+	count(w->slot, CNT_TW_OLD_SYN);
+	return TC_ACT_OK;
+}
+
 static __always_inline __u32 verdict_counter(__u32 verdict)
 {
 	if (verdict == VERDICT_BYPASS_RULE)
@@ -192,6 +237,7 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 {
 	struct syn_opts o = {};
 	__u32 verdict;
+	int act;
 
 	if (to_self(w, p)) {
 		/* Dropped: the PEP accepts no connection to itself through its
@@ -209,6 +255,8 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 		verdict = VERDICT_BYPASS_MPTCP;
 	else if (in_control(k, w))
 		verdict = VERDICT_BYPASS_CONTROL;
+	else if ((w->flags & GRAPH_F_ASSIGN) && (act = past_time_wait(skb, p, &o, w)) >= 0)
+		return act;
 	else
 		verdict = to_proxy(skb, p, w);
 	if (verdict == VERDICT_PROXY) {
@@ -242,6 +290,12 @@ static __always_inline int first_syn(struct __sk_buff *skb, const struct tcp_pkt
 	return decide_syn(skb, p, w, k);
 }
 
+static __always_inline void mark_own(struct __sk_buff *skb, const struct where *w)
+{
+	skb->mark = PEP_LOCAL_MARK;
+	count(w->slot, CNT_PKTS_ASSIGNED);
+}
+
 /* Mode bpf: a segment of a flow the proxy holds a socket for. Zero: it has
  * one, and the segment is marked for local delivery (counted pkts_assigned);
  * the kernel's own early demultiplexing then finds that very socket and
@@ -249,7 +303,9 @@ static __always_inline int first_syn(struct __sk_buff *skb, const struct tcp_pkt
  * would skip that cache and cost a policy-routing lookup per packet (measured:
  * 0.86 of routing's 10 MB rate against 0.95 without interception in tc).
  * Tried before the flow tables: almost every segment in this mode is a
- * proxied flow's; a bypassed flow pays one lookup that finds nothing. */
+ * proxied flow's; a bypassed flow pays one lookup that finds nothing.
+ * 1: the 4-tuple's socket is in TIME_WAIT, not marked yet: a bypassed flow
+ * may have taken the 4-tuple since (the caller looks first). -1: none. */
 static __always_inline int to_own_socket(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w)
 {
 	struct bpf_sock *sk = sock_for(skb, p, p->dport);
@@ -264,8 +320,9 @@ static __always_inline int to_own_socket(struct __sk_buff *skb, const struct tcp
 	 * listener's. Only a socket of this very 4-tuple is the flow's. */
 	if (state == BPF_TCP_LISTEN)
 		return -1;
-	skb->mark = PEP_LOCAL_MARK;
-	count(w->slot, CNT_PKTS_ASSIGNED);
+	if (state == BPF_TCP_TIME_WAIT)
+		return 1;
+	mark_own(skb, w);
 	return 0;
 }
 
@@ -338,11 +395,15 @@ static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const
 {
 	struct flow_est *e;
 	struct flow_new *n;
+	int own = -1;
 
 	if (measuring(w))
 		measure(k, p, w);
-	if ((w->flags & GRAPH_F_ASSIGN) && !to_own_socket(skb, p, w))
-		return TC_ACT_OK;
+	if (w->flags & GRAPH_F_ASSIGN) {
+		own = to_own_socket(skb, p, w);
+		if (!own)
+			return TC_ACT_OK;
+	}
 	e = bpf_map_lookup_elem(&flows, k);
 	if (e) {
 		if (is_syn_ack(p) && p->ack_seq != e->syn_seq + 1) {
@@ -353,8 +414,13 @@ static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const
 		return forward(skb, p, w->slot);
 	}
 	n = bpf_map_lookup_elem(&flows_new, k);
-	if (!n)
+	if (!n) {
+		if (own == 1) {
+			mark_own(skb, w);   /* a late segment of the proxy's closed connection */
+			return TC_ACT_OK;
+		}
 		return no_flow(skb, p, w, k, 1);
+	}
 	if (is_syn_ack(p)) {
 		if (w->side == n->opener || p->ack_seq != n->syn_seq + 1) {
 			bpf_map_delete_elem(&flows_new, k);

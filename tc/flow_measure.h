@@ -74,12 +74,6 @@ static __always_inline __u32 payload_len(const struct tcp_pkt *p)
 	return ip_len > hdrs ? ip_len - hdrs : 0;
 }
 
-/* a is after b in sequence space */
-static __always_inline int seq_after(__u32 a, __u32 b)
-{
-	return (__s32)(a - b) > 0;
-}
-
 /* Any segment but a first SYN, from the access side of a measuring graph. */
 static __always_inline void measure(const struct flow_key *k, const struct tcp_pkt *p, const struct where *w)
 {

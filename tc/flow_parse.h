@@ -208,6 +208,12 @@ static __always_inline int read_syn_opts(struct __sk_buff *skb, const struct tcp
 	return 0;
 }
 
+/* a is after b in sequence space */
+static __always_inline int seq_after(__u32 a, __u32 b)
+{
+	return (__s32)(a - b) > 0;
+}
+
 /* A connection's opening SYN (or its retransmission): SYN without ACK. */
 static __always_inline int is_first_syn(const struct tcp_pkt *p)
 {

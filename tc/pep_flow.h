@@ -42,6 +42,12 @@
  *      which one policy rule routes to the local table; a failed hand-over
  *      makes the flow BYPASS_FAILOPEN (assign_failed). Without it (modes nft
  *      and route) the stack's own interception takes the SYN.
+ *      Mode bpf, a TIME_WAIT socket of the proxy on the SYN's 4-tuple (the
+ *      listener would drop the SYN as a duplicate of it): when the kernel
+ *      would let the SYN past it, the SYN is made a RST that ends it and a
+ *      copy of the SYN (PEP_RETRY_MARK) is decided again (tw_reset); else
+ *      (an old duplicate, or still there on the retry) the SYN goes to the
+ *      TIME_WAIT socket, which answers as the kernel does (tw_old_syn).
  * Bypassed flows (verdicts 3, 3a, 3b and 4) are remembered and forwarded at L3 by
  * this program for their whole life, whatever the rules or the proxy do
  * later. Proxied flows are not remembered: they are known by their sockets.
@@ -73,6 +79,7 @@
 #define PEP_GRAPHS_MAX 2048          /* a graph takes two of the 4094 VLAN ids */
 #define PEP_IFINDEX_BASE 0x100000    /* c_in of slot g: BASE + 2g; s_in: BASE + 2g + 1 */
 #define PEP_LOCAL_MARK 1             /* skb mark of packets handed to a socket: routed locally */
+#define PEP_RETRY_MARK 2             /* a SYN the program sent round again to its own ingress */
 
 #define FLOWS_NEW_MAX 262144         /* LRU, preallocated */
 #define FLOWS_MAX 1048576            /* allocated on demand */
@@ -211,6 +218,10 @@ enum flow_counter {
 	CNT_FLOWS_MEASURED,         /* flows measured for the experiment (GRAPH_F_MEASURE) */
 	CNT_RECORDS_DROPPED,        /* measured flows' records lost: flow_records full (nobody pops it) */
 	CNT_FLOWS_BYPASS_MPTCP,     /* first SYNs decided BYPASS_MPTCP */
+	CNT_TW_RESET,               /* mode bpf: TIME_WAIT sockets of the proxy ended by a RST so that a
+				     * new SYN on their 4-tuple reaches the listener (sent round again) */
+	CNT_TW_OLD_SYN,             /* mode bpf: SYNs given to the TIME_WAIT socket of their 4-tuple, which
+				     * answers as the kernel does: an old duplicate, or the retry found it */
 	CNT_MAX
 };
 

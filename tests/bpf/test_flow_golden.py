@@ -62,7 +62,6 @@ OBJECT = REPO / "tc" / "flow.o"
 
 TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0, 2, 7
 VERDICTS = {TC_ACT_OK: "TC_ACT_OK", TC_ACT_SHOT: "TC_ACT_SHOT", TC_ACT_REDIRECT: "TC_ACT_REDIRECT"}
-SKB_MARK_OFF = 8      # offsetof(struct __sk_buff, mark), read from the test run's ctx_out
 IP_TRANSPARENT = 19   # <linux/in.h>
 
 C_IN0, S_IN0 = fm.ifindexes(0)
@@ -103,6 +102,9 @@ G0 = {"flags": fm.GRAPH_F_ENABLED, "listen_port": LPORT0, "addresses": G0_ADDRS,
 G1 = {"flags": fm.GRAPH_F_ENABLED | fm.GRAPH_F_ASSIGN | fm.GRAPH_F_ALL_PORTS | fm.GRAPH_F_ORIGIN_SYNS,
       "listen_port": LPORT1, "addresses": G1_ADDRS, "intercept": []}
 EST_CLIENT, EST_SERVER = ("198.18.1.1", 40900), ("198.19.1.1", 7000)   # the real established pair
+# Local addresses of slot 1's sides that are not the graph's own: the ends of the connections whose
+# TIME_WAIT sockets the cases make (a SYN to the graph's own addresses is dropped before anything).
+TW_CLIENT, TW_SERVER = "198.18.1.5", "198.19.1.5"
 
 NETNS_SETUP = [
     ["link", "add", "pflc0", "index", str(C_IN0), "type", "veth", "peer", "name", "pflc0p", "index", "21"],
@@ -119,6 +121,8 @@ NETNS_SETUP = [
     ["addr", "add", "2001:2:0:1::1/64", "dev", "pflc0", "nodad"],
     ["addr", "add", "198.19.0.1/24", "dev", "pfls0"],
     ["addr", "add", f"{OTHER_LOCAL}/32", "dev", "pfls0"],
+    ["addr", "add", f"{TW_CLIENT}/32", "dev", "pflc1"],
+    ["addr", "add", f"{TW_SERVER}/32", "dev", "pfls1"],
     ["addr", "add", "2001:2:0:2::1/64", "dev", "pfls0", "nodad"],
     ["addr", "add", "198.18.1.1/24", "dev", "pflc1"],
     ["addr", "add", "198.19.1.1/24", "dev", "pfls1"],
@@ -238,11 +242,12 @@ STALE = cnt(flows_stale=1, pkts_no_flow=1)
 @dataclass
 class Send:
     side: str                       # a key of SIDES
-    frame: Packet | bytes
+    frame: Packet | bytes | Callable    # a callable makes it from the datapath (dp.seen: what a Do saw)
     verdict: int
-    out: Packet | bytes | None = None   # None: must come out unchanged
+    out: Packet | bytes | Callable | None = None   # None: must come out unchanged
     counters: dict[str, int] = field(default_factory=dict)   # of the side's slot; all others stay
     mark: int = 0                   # the skb mark left: PEP_LOCAL_MARK on a segment of a socket's flow
+    mark_in: int = 0                # the skb mark it comes with
 
 
 @dataclass
@@ -291,6 +296,17 @@ def del_rules(slot: int, **rules) -> Do:
 def listener(port: int, up: bool) -> Do:
     return Do(f"listener on port {port} {'opened' if up else 'closed'}",
               lambda dp: dp.listen(port) if up else dp.unlisten(port))
+
+
+def time_wait(cport: int, sport: int) -> Do:
+    def make(dp):
+        dp.seen["rcv_nxt"] = dp.run_in_ns(_time_wait, cport, sport)
+    return Do(f"a TIME_WAIT socket {TW_SERVER}:{sport} <- {TW_CLIENT}:{cport}", make)
+
+
+def tw_syn(cport: int, sport: int, seq: int) -> Packet:
+    return on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=cport, dport=sport, flags="S",
+                                                             seq=seq & 0xFFFFFFFF), 1)
 
 
 def graph_flags(slot: int, flags: int, listen_port: int) -> Do:
@@ -764,6 +780,41 @@ def _established_pair() -> tuple[socket.socket, socket.socket]:
     return cli, conn
 
 
+TCP_REPAIR, TCP_REPAIR_QUEUE, TCP_QUEUE_SEQ, TCP_SEND_QUEUE = 19, 20, 21, 2   # <linux/tcp.h>
+
+
+def _time_wait(cport: int, sport: int) -> int:
+    """A TIME_WAIT socket as HAProxy's accepted one is left when the proxy closed first: local
+    TW_SERVER:sport, remote TW_CLIENT:cport (a connection over lo, the server's end closed first).
+    Returns its rcv_nxt: the client's FIN's sequence number + 1, read in repair mode before the FIN."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((TW_SERVER, sport))
+    srv.listen(1)
+    cli = socket.socket()
+    try:
+        cli.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        cli.bind((TW_CLIENT, cport))
+        cli.settimeout(5)
+        cli.connect((TW_SERVER, sport))
+        conn, _ = srv.accept()
+        srv.close()
+        conn.close()                       # the server's end first: it ends in TIME_WAIT
+        assert cli.recv(1) == b"", "the client saw data, not the server's FIN"
+        cli.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR, 1)
+        cli.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR_QUEUE, TCP_SEND_QUEUE)
+        fin_seq = cli.getsockopt(socket.IPPROTO_TCP, TCP_QUEUE_SEQ)
+        cli.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR, 0)
+    finally:
+        cli.close()
+    deadline = time.monotonic() + 5
+    while subprocess.run(["ss", "-Htn", "state", "time-wait", "src", f"{TW_SERVER}:{sport}"], capture_output=True,
+                         text=True).stdout.strip() == "":
+        assert time.monotonic() < deadline, f"no TIME_WAIT socket {TW_SERVER}:{sport} after 5 s"
+        time.sleep(0.01)
+    return (fin_seq + 1) & 0xFFFFFFFF
+
+
 def _rst_close(s: socket.socket) -> None:
     """Closes with a RST: no FIN_WAIT orphan left retransmitting."""
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -779,12 +830,13 @@ class FlowDatapath:
     listeners: dict[int, socket.socket] = field(default_factory=dict)
     sockets: list[socket.socket] = field(default_factory=list)
     owned: list[socket.socket] = field(default_factory=list)      # a case's, closed at the next reset
+    seen: dict = field(default_factory=dict)    # what a case's Do steps found, for its later frames
 
     def own(self, local: str, lport: int, remote: str, rport: int) -> None:
         self.owned.append(self.run_in_ns(_syn_sent, local, lport, remote, rport))
 
-    def run(self, side: str, frame: bytes) -> bpfsys.TestRun:
-        return self.run_in_ns(self.prog.test_run, frame, bpfsys.skb_ctx(SIDES[side][0]))
+    def run(self, side: str, frame: bytes, mark: int = 0) -> bpfsys.TestRun:
+        return self.run_in_ns(self.prog.test_run, frame, bpfsys.skb_ctx(SIDES[side][0], mark))
 
     def counters(self) -> dict[int, dict[str, int]]:
         return {slot: fm.read_counters(self.pins, slot) for slot in SLOTS}
@@ -811,6 +863,7 @@ class FlowDatapath:
                 for key in list(m.keys()):
                     m.delete(key, missing_ok=True)
         self.records()
+        self.seen.clear()
         fm.set_graph(self.pins, 0, **G0)
         fm.set_graph(self.pins, 1, **G1)
         fm.set_flags(self.pins, 2, 0, 0)
@@ -891,21 +944,25 @@ def _moved(before: dict[int, dict[str, int]], after: dict[int, dict[str, int]]) 
             for slot in SLOTS for k in after[slot] if after[slot][k] != before[slot][k]}
 
 
+def _made(what, dp: FlowDatapath):
+    return what(dp) if callable(what) else what
+
+
 def _send(dp: FlowDatapath, step: Send, where: str) -> None:
-    frame = bytes(step.frame)
+    frame = bytes(_made(step.frame, dp))
     before = dp.counters()
-    res = dp.run(step.side, frame)
+    res = dp.run(step.side, frame, step.mark_in)
     after = dp.counters()
 
     assert res.retval == step.verdict, (
         f"{where}: verdict expected {VERDICTS[step.verdict]}, got {VERDICTS.get(res.retval, res.retval)}")
-    want = bytes(step.out) if step.out is not None else frame
+    want = bytes(_made(step.out, dp)) if step.out is not None else frame
     assert res.data == want, (
         f"{where}: output bytes\n expected {want.hex()}\n got      {res.data.hex()}\n"
         f" got as scapy: {Ether(res.data)!r}")
     if res.retval == TC_ACT_REDIRECT and IP in Ether(res.data):
         assert _ip4_header_sum_ok(res.data), f"{where}: IPv4 header checksum of the output is wrong"
-    mark = struct.unpack_from("=I", res.ctx, SKB_MARK_OFF)[0]
+    mark = struct.unpack_from("=I", res.ctx, bpfsys.SKB_MARK_OFF)[0]
     assert mark == step.mark, f"{where}: skb mark expected {step.mark:#x}, got {mark:#x}"
     slot = SIDES[step.side][1]
     want_moves = {f"slot{slot}.{k}": v for k, v in step.counters.items()}
@@ -944,7 +1001,7 @@ def test_golden(flowdp, case: Case):
             elif isinstance(step, Check):
                 _check_flows(flowdp, step.flows, where)
             else:
-                _send(flowdp, step, f"{where}, {step.side} side: {_show(step.frame)}")
+                _send(flowdp, step, f"{where}, {step.side} side: {_show(_made(step.frame, flowdp))}")
         _check_flows(flowdp, case.flows, f"{case.id} ({case.desc}) after the last step")
     finally:
         flowdp.reset()
