@@ -59,6 +59,8 @@ class Proxy:
     mode: str                                 # "tcp" | "http"
     maxconn: int                              # 0 = the host's maxconn (no limit of its own)
     log_connections: bool
+    source_port: str = "kept"                 # "kept" | "any": the proxy connects from the client's port
+    mptcp: str = "bypass"                     # "bypass" | "proxy": a subscriber's MPTCP SYN
 
     @property
     def one_listener(self) -> bool:
@@ -208,6 +210,9 @@ PROXY_DEFAULTS: dict[str, Any] = {
     "mode": "tcp",
     "maxconn": 0,
     "log_connections": False,
+    # issue 26: what the split hides (README, "Transparency")
+    "source_port": "kept",
+    "mptcp": "bypass",
 }
 PROXY_KEYS = tuple(PROXY_DEFAULTS)
 DEFAULT_CONGESTION = {"access": "bbr", "origin": "cubic"}
@@ -253,6 +258,8 @@ ENUMS = {
     "supervisor": ("auto", "systemd", "pepctl"),
     "splice": ("both", "auto", "off"),
     "mode": ("tcp", "http"),
+    "source_port": ("kept", "any"),
+    "mptcp": ("bypass", "proxy"),
 }
 
 NO_GRAPHS = "no graphs; add at least one [[graph]] table (see etc/pep.example.toml)"

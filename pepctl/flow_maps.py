@@ -56,6 +56,7 @@ COUNTERS = (
     "flows_bypass_mptcp",
     "tw_reset",
     "tw_old_syn",
+    "flows_bypass_busy",
 )
 
 GRAPHS_MAX = 2048                                # PEP_GRAPHS_MAX
@@ -64,10 +65,10 @@ LOCAL_MARK = 1                                   # PEP_LOCAL_MARK
 RETRY_MARK = 2                                   # PEP_RETRY_MARK
 SIDE_ACCESS, SIDE_ORIGIN = 1, 2                  # enum flow_side
 VERDICTS = {1: "proxy", 2: "bypass_rule", 3: "bypass_failopen", 4: "bypass_control",   # enum flow_verdict
-            5: "bypass_mptcp"}
+            5: "bypass_mptcp", 6: "bypass_busy"}
 STATES = {1: "syn_seen", 2: "synack_seen"}       # enum flow_state
 GRAPH_F_ENABLED, GRAPH_F_ASSIGN, GRAPH_F_ALL_PORTS, GRAPH_F_ORIGIN_SYNS = 0x1, 0x2, 0x4, 0x8
-GRAPH_F_MEASURE, GRAPH_F_PROXY_MPTCP = 0x10, 0x20
+GRAPH_F_MEASURE, GRAPH_F_PROXY_MPTCP, GRAPH_F_KEEP_PORT = 0x10, 0x20, 0x40
 PORTS = 65536
 
 # Layouts (native byte order, as the kernel stores them; "x" is explicit padding).

@@ -271,6 +271,10 @@ def flow_flags(g: Graph) -> tuple[int, int, tuple[int, int]]:
     if p.one_listener:
         # route mode cannot tell an origin's new flow from a reply by port: access side only.
         flags |= flow_maps.GRAPH_F_ORIGIN_SYNS
+    if p.source_port == "kept":
+        flags |= flow_maps.GRAPH_F_KEEP_PORT
+    if p.mptcp == "proxy":
+        flags |= flow_maps.GRAPH_F_PROXY_MPTCP
     control = (0, 0)
     if g.experiment.on:
         flags |= flow_maps.GRAPH_F_MEASURE
@@ -434,7 +438,7 @@ def haproxy_config(cfg: Config, info: HostInfo) -> str:
             tuple(_port_arg(lo, hi) for lo, hi in p.ports or ())
         proxies.append(GraphProxy(name=graph_names(cfg, g).proxy, netns=graph_names(cfg, g).netns, ports=ports,
                                   mode=p.mode, splice=p.splice, maxconn=min(p.maxconn or total, total),
-                                  log_connections=p.log_connections))
+                                  log_connections=p.log_connections, keep_port=p.source_port == "kept"))
     return render(Process(title=f"instance {cfg.host.instance}", cpus=tuple(cpus), maxconn=total), proxies)
 
 

@@ -217,6 +217,7 @@ def print_table(report: dict, out) -> None:
         if "error" not in f:
             print(f"  {g['name']:<12} flows proxied {f['flows_proxied']}, bypassed by rule {f['flows_bypass_rule']}, "
                   f"by fail-open {f['flows_bypass_failopen']}, MPTCP {f['flows_bypass_mptcp']}, "
+                  f"client's port taken {f['flows_bypass_busy']}, "
                   f"not intercepted {f['flows_not_intercepted']}, "
                   f"to the PEP itself (dropped) {f['syn_to_self']}", file=out)
             x = g["experiment"]

@@ -14,6 +14,8 @@
  *  3a an MPTCP option (and not      BYPASS_MPTCP: remembered, forwarded here
  *     mptcp = "proxy")
  *  3b a control-group subscriber    BYPASS_CONTROL: remembered, forwarded here
+ *  3c the client's port is taken    BYPASS_BUSY: remembered, forwarded here
+ *     on the origin side (port kept)
  *   4 no proxy listener, or (mode   BYPASS_FAILOPEN: remembered, forwarded here
  *     bpf) the hand-over refused
  *   5 otherwise                     PROXY: TC_ACT_OK (mode bpf: handed to the
@@ -220,6 +222,34 @@ static __always_inline int past_time_wait(struct __sk_buff *skb, const struct tc
 	return TC_ACT_OK;
 }
 
+/* GRAPH_F_KEEP_PORT: whether the proxy's connection to the origin from the
+ * client's own address and port would fail. A socket of the origin side's
+ * 4-tuple (as a segment from the origin would find it: HAProxy's previous
+ * connection from that port, still closing or in TIME_WAIT) makes connect()
+ * fail (EADDRNOTAVAIL); a listener on the client's port (the lookup falls
+ * back to one: HAProxy's own) makes bind() fail (EADDRINUSE). */
+static __always_inline int port_busy(struct __sk_buff *skb, const struct tcp_pkt *p)
+{
+	struct tcp_pkt back = {
+		.family = p->family,
+		.sport = p->dport,
+	};
+	struct bpf_sock *sk;
+
+	if (p->family == 4) {
+		back.ip.v4.saddr = p->ip.v4.daddr;
+		back.ip.v4.daddr = p->ip.v4.saddr;
+	} else {
+		__builtin_memcpy(back.src, p->dst, 16);
+		__builtin_memcpy(back.dst, p->src, 16);
+	}
+	sk = sock_for(skb, &back, p->sport);
+	if (!sk)
+		return 0;
+	bpf_sk_release(sk);
+	return 1;
+}
+
 static __always_inline __u32 verdict_counter(__u32 verdict)
 {
 	if (verdict == VERDICT_BYPASS_RULE)
@@ -228,6 +258,8 @@ static __always_inline __u32 verdict_counter(__u32 verdict)
 		return CNT_FLOWS_BYPASS_CONTROL;
 	if (verdict == VERDICT_BYPASS_MPTCP)
 		return CNT_FLOWS_BYPASS_MPTCP;
+	if (verdict == VERDICT_BYPASS_BUSY)
+		return CNT_FLOWS_BYPASS_BUSY;
 	return CNT_FLOWS_BYPASS_FAILOPEN;
 }
 
@@ -257,6 +289,8 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 		verdict = VERDICT_BYPASS_CONTROL;
 	else if ((w->flags & GRAPH_F_ASSIGN) && (act = past_time_wait(skb, p, &o, w)) >= 0)
 		return act;
+	else if ((w->flags & GRAPH_F_KEEP_PORT) && port_busy(skb, p))
+		verdict = VERDICT_BYPASS_BUSY;
 	else
 		verdict = to_proxy(skb, p, w);
 	if (verdict == VERDICT_PROXY) {

@@ -33,6 +33,12 @@
  *      subflows; bypassed, the origin sees MP_CAPABLE and answers it;
  *   3b. opened from the access side by a subscriber of the control group
  *      (client_hash(subscriber, control_seed) < control_below): BYPASS_CONTROL;
+ *   3c. GRAPH_F_KEEP_PORT, and the proxy could not connect from the client's
+ *      own port: a socket of the graph's namespace holds the origin side's
+ *      4-tuple (the proxy's previous connection from that port, in TIME_WAIT
+ *      or closing), or listens on that port (HAProxy's own listener: bind()
+ *      would fail). BYPASS_BUSY: the flow goes end to end, as it would with
+ *      no proxy, instead of failing in HAProxy's connect();
  *   4. no proxy socket listens for it (the graph's listen_port, or the SYN's
  *      own port when listen_port is 0): BYPASS_FAILOPEN. This is the fail-open:
  *      the moment HAProxy dies its listeners are gone, and new flows are
@@ -48,7 +54,7 @@
  *      copy of the SYN (PEP_RETRY_MARK) is decided again (tw_reset); else
  *      (an old duplicate, or still there on the retry) the SYN goes to the
  *      TIME_WAIT socket, which answers as the kernel does (tw_old_syn).
- * Bypassed flows (verdicts 3, 3a, 3b and 4) are remembered and forwarded at L3 by
+ * Bypassed flows (verdicts 3 to 4) are remembered and forwarded at L3 by
  * this program for their whole life, whatever the rules or the proxy do
  * later. Proxied flows are not remembered: they are known by their sockets.
  * With GRAPH_F_ASSIGN every later packet whose socket exists (bpf_skc_lookup_tcp)
@@ -111,6 +117,7 @@ struct graph_config {
 #define GRAPH_F_ORIGIN_SYNS 0x8  /* flows opened from the origin side are intercepted too */
 #define GRAPH_F_MEASURE     0x10 /* the experiment is on: measure access-side flows of both groups */
 #define GRAPH_F_PROXY_MPTCP 0x20 /* mptcp = "proxy": SYNs with an MPTCP option are decided as any other */
+#define GRAPH_F_KEEP_PORT   0x40 /* source_port = "kept": the proxy connects from the client's own port */
 
 /* bypass_ports, intercept_ports: HASH port_key -> __u32 (non-zero: present).
  * bypass_ports: SYNs to that port are bypassed (a rule). intercept_ports:
@@ -160,6 +167,7 @@ enum flow_verdict {
 	VERDICT_BYPASS_FAILOPEN = 3,
 	VERDICT_BYPASS_CONTROL = 4,   /* the subscriber is in the control group */
 	VERDICT_BYPASS_MPTCP = 5,     /* the SYN carries an MPTCP option: multipath end to end */
+	VERDICT_BYPASS_BUSY = 6,      /* the client's port is taken on the proxy's origin side */
 };
 
 enum flow_state {
@@ -222,6 +230,7 @@ enum flow_counter {
 				     * new SYN on their 4-tuple reaches the listener (sent round again) */
 	CNT_TW_OLD_SYN,             /* mode bpf: SYNs given to the TIME_WAIT socket of their 4-tuple, which
 				     * answers as the kernel does: an old duplicate, or the retry found it */
+	CNT_FLOWS_BYPASS_BUSY,      /* first SYNs decided BYPASS_BUSY */
 	CNT_MAX
 };
 

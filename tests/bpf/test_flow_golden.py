@@ -540,6 +540,47 @@ CASES = [
         Send("access1", ack1(40122, ack=123457), TC_ACT_OK, counters=NO_FLOW),
         Send("origin1", reply1(80, 40122, flags="A", ack=1001), TC_ACT_OK, counters=NO_FLOW)]),
     # -- the flow tables: handshake, promotion, retransmissions, reuse, end
+    # -- 3c. source_port = "kept": a port the proxy could not connect from is bypassed
+    Case("keep-port-busy", "KEEP_PORT (slot 1): the origin side's 4-tuple is held by the proxy's own socket "
+         "(its previous connection from that port): BYPASS_BUSY, forwarded; another port is proxied", [
+        graph_flags(1, G1["flags"] | fm.GRAPH_F_KEEP_PORT, LPORT1),
+        Do("the proxy's socket CLIENT1:40150 -> SERVER1:80", lambda dp: dp.own(CLIENT1, 40150, SERVER1, 80)),
+        Send("access1", syn1(40150), TC_ACT_REDIRECT, fwd(syn1(40150)), cnt(flows_bypass_busy=1, pkts_bypassed=1)),
+        Send("access1", syn1(40151), TC_ACT_REDIRECT, fwd(syn1(40151)), ASSIGN_REFUSED)],
+        flows=[Flow(CLIENT1, 40150, SERVER1, 80, "flows_new", "bypass_busy", graph=1)]),
+    Case("keep-port-listener", "KEEP_PORT (slot 0): a client port the proxy listens on (50080) is busy: "
+         "bind() would fail; without KEEP_PORT it is proxied", [
+        Send("access", syn(LPORT0), TC_ACT_OK, counters=NEW_PROXY),
+        graph_flags(0, G0["flags"] | fm.GRAPH_F_KEEP_PORT, LPORT0),
+        Send("access", syn(LPORT0, seq=2000), TC_ACT_REDIRECT, fwd(syn(LPORT0, seq=2000)),
+             cnt(flows_bypass_busy=1, pkts_bypassed=1)),
+        Send("access", syn(40152), TC_ACT_OK, counters=NEW_PROXY)],
+        flows=[Flow(CLIENT, LPORT0, SERVER, 80, "flows_new", "bypass_busy", syn_seq=2000)]),
+    # -- mode bpf, a TIME_WAIT socket of the proxy on the SYN's 4-tuple
+    Case("time-wait-reset", "ASSIGN (slot 1): a SYN the kernel would let past a TIME_WAIT socket of its 4-tuple "
+         "is made the RST that ends it (seq = its rcv_nxt, same direction, no options), marked for local "
+         "delivery; a copy goes round again", [
+        time_wait(40140, 7100),
+        Send("access1", lambda dp: tw_syn(40140, 7100, dp.seen["rcv_nxt"] + 5000), TC_ACT_OK,
+             lambda dp: on_access(IP(src=TW_CLIENT, dst=TW_SERVER)
+                                  / TCP(sport=40140, dport=7100, flags="R", seq=dp.seen["rcv_nxt"], window=0), 1),
+             cnt(tw_reset=1), mark=fm.LOCAL_MARK)]),
+    Case("time-wait-old-syn", "ASSIGN (slot 1): a SYN not past the TIME_WAIT socket's rcv_nxt (no timestamp) "
+         "goes to that socket unchanged, which answers as the kernel does", [
+        time_wait(40141, 7101),
+        Send("access1", lambda dp: tw_syn(40141, 7101, dp.seen["rcv_nxt"] - 5000), TC_ACT_OK,
+             counters=cnt(tw_old_syn=1), mark=fm.LOCAL_MARK)]),
+    Case("time-wait-retry", "ASSIGN (slot 1): the copy sent round (PEP_RETRY_MARK) that finds the TIME_WAIT "
+         "socket still there goes to it: no second round", [
+        time_wait(40142, 7102),
+        Send("access1", lambda dp: tw_syn(40142, 7102, dp.seen["rcv_nxt"] + 5000), TC_ACT_OK,
+             counters=cnt(tw_old_syn=1), mark=fm.LOCAL_MARK, mark_in=fm.RETRY_MARK)]),
+    Case("time-wait-late-segment", "ASSIGN (slot 1): a late FIN of the proxy's closed connection goes to its "
+         "TIME_WAIT socket", [
+        time_wait(40143, 7103),
+        Send("access1", lambda dp: on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(
+            sport=40143, dport=7103, flags="FA", seq=dp.seen["rcv_nxt"] - 1, ack=1), 1), TC_ACT_OK,
+             counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK)]),
     # -- 3a. MPTCP: bypassed by default, end to end
     Case("mptcp-capable", "a SYN with MP_CAPABLE among Linux's options is bypassed (BYPASS_MPTCP), its "
          "SYN-ACK forwarded; a plain SYN from the same client is proxied", [

@@ -20,6 +20,7 @@ import pytest
 
 from pepctl import names, radio_maps
 from pepctl.config import (
+    ENUMS,
     MAXCONN_MAX,
     STATS_SOCKET_MAX,
     ConfigError,
@@ -499,8 +500,19 @@ def test_defaults():
     p = g.proxy
     assert (p.enabled, p.interception, p.listen_port, p.splice, p.mode) == (True, "bpf", 50080, "both", "tcp")
     assert (p.maxconn, p.log_connections) == (0, False)
+    assert (p.source_port, p.mptcp) == ("kept", "bypass"), "issue 26: the client's port kept, MPTCP end to end"
     assert (h.supervisor, h.threads, h.maxconn, h.metrics_address, h.metrics_port) == ("auto", 0, 0, "127.0.0.1", 9101)
     assert p.ports == ((80, 80), (443, 443))
+
+
+@pytest.mark.parametrize("key,good,bad", [("source_port", "any", "client"), ("mptcp", "proxy", "terminate")])
+def test_transparency_keys(key, good, bad):
+    """Each key of issue 26 takes its choices and names them when given another."""
+    cfg = parse(edit(("ports = [80, 443]", f'ports = [80, 443]\n{key} = "{good}"')), PATH)
+    assert getattr(cfg.graphs[0].proxy, key) == good
+    (e,) = errors_of(edit(("ports = [80, 443]", f'ports = [80, 443]\n{key} = "{bad}"')))
+    assert (e.field, e.line) == (f"graph[0].proxy.{key}", 15), e
+    assert all(f'"{c}"' in e.message for c in ENUMS[key]), e.message
 
 
 def test_all_ports_and_default_name():

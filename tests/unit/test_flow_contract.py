@@ -58,7 +58,7 @@ def test_verdicts_sides_states_match_header():
 
 def test_flags_and_constants_match_header():
     for name in ("GRAPH_F_ENABLED", "GRAPH_F_ASSIGN", "GRAPH_F_ALL_PORTS", "GRAPH_F_ORIGIN_SYNS", "GRAPH_F_MEASURE",
-                 "GRAPH_F_PROXY_MPTCP"):
+                 "GRAPH_F_PROXY_MPTCP", "GRAPH_F_KEEP_PORT"):
         assert _define(name) == getattr(fm, name), f"{name}: header {_define(name):#x}, pepctl {getattr(fm, name):#x}"
     assert _define("PEP_GRAPHS_MAX") == fm.GRAPHS_MAX
     assert _define("PEP_IFINDEX_BASE") == fm.IFINDEX_BASE
