@@ -28,8 +28,9 @@ from collections.abc import Iterable
 from . import bpfsys
 
 PROGRAM = "flow_ingress"
+EGRESS_PROGRAM = "flow_egress"
 MAPS = ("graphs", "graph_addrs", "bypass_ports", "intercept_ports", "bypass_client4", "bypass_server4",
-        "bypass_client6", "bypass_server6", "flows_new", "flows", "measured", "flow_records", "flow_stats")
+        "bypass_client6", "bypass_server6", "flows_new", "flows", "marks", "measured", "flow_records", "flow_stats")
 
 COUNTERS = (
     "flows_proxied",
@@ -57,6 +58,7 @@ COUNTERS = (
     "tw_reset",
     "tw_old_syn",
     "flows_bypass_busy",
+    "resets_to_sub",
 )
 
 GRAPHS_MAX = 2048                                # PEP_GRAPHS_MAX
@@ -81,6 +83,8 @@ LPM6_KEY = struct.Struct("=I4s16s")
 FLOW_KEY = struct.Struct("=16s16s2s2sHBx")
 FLOW_NEW = struct.Struct("=IIIBBxxQ")            # verdict, syn_seq, synack_seq, opener, state, first_seen_ns
 FLOW_EST = struct.Struct("=IIQQBB6x16s")         # verdict, syn_seq, first_seen, last_seen, fins, closing, timer
+FLOW_MARKS = struct.Struct("=BBBx")              # sub_dscp, org_dscp, flags
+MARK_F_SUB_ECN, MARK_F_ORG_RESET = 0x1, 0x2
 U32 = struct.Struct("=I")
 U64 = struct.Struct("=Q")
 

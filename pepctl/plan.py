@@ -69,6 +69,10 @@ NETNS_SYSCTLS = [
     # Splicing one flow into two: keep the window right after idle periods.
     ("net.ipv4.tcp_slow_start_after_idle", "0"),
 ]
+# A proxied graph: the proxy's sockets to the origin ask for ECN, and flow_egress takes the request
+# off the SYN of a flow whose subscriber did not ask (tc/flow_marks.h). Accepted sockets answer as
+# with the kernel's default (2): ECN when the subscriber's SYN asks for it.
+PROXY_SYSCTLS = [("net.ipv4.tcp_ecn", "1")]
 
 
 # -- pieces the lab uses too ---------------------------------------------------------------------
@@ -304,8 +308,9 @@ def flow_attach_batch(pins: str) -> str:
     lines = []
     for dev in (C_IN, S_IN):
         lines += [f"qdisc add dev {dev} clsact",
-                  f"filter add dev {dev} ingress pref {FLOW_PREF} handle 1 bpf direct-action object-pinned "
-                  f"{pins}/prog/flow_ingress"]
+                  *(f"filter add dev {dev} {hook} pref {FLOW_PREF} handle 1 bpf direct-action object-pinned "
+                    f"{pins}/prog/{prog}" for hook, prog in (("ingress", flow_maps.PROGRAM),
+                                                             ("egress", flow_maps.EGRESS_PROGRAM)))]
     return "\n".join(lines) + "\n"
 
 
@@ -321,7 +326,8 @@ BPF_SYSCTLS = [("net.ipv4.tcp_rfc1337", "0")]
 def graph_steps(cfg: Config, g: Graph) -> list[Step]:
     """The graph's namespace: links, addresses, routes, sysctls."""
     n = graph_names(cfg, g)
-    sysctls = NETNS_SYSCTLS + (BPF_SYSCTLS if g.proxy.enabled and g.proxy.interception == "bpf" else [])
+    sysctls = NETNS_SYSCTLS + (PROXY_SYSCTLS if g.proxy.enabled else []) + \
+        (BPF_SYSCTLS if g.proxy.enabled and g.proxy.interception == "bpf" else [])
     return [Step(f"links, addresses and routes of graph {g.name} in {n.netns}", ["ip", "-n", n.netns, "-batch", "-"],
                  input=graph_batch(cfg, g, n)),
             Step(f"sysctls of {n.netns}", nsutil.sysctls_step_call(n.netns, sysctls))]
@@ -329,7 +335,7 @@ def graph_steps(cfg: Config, g: Graph) -> list[Step]:
 
 def graph_proxy_steps(cfg: Config, g: Graph) -> list[Step]:
     """A proxied graph's interception: policy rules, nft table (mode nft), its flow map entries
-    and bypass rules, and flow_ingress on both links."""
+    and bypass rules, and flow_ingress and flow_egress on both links."""
     n = graph_names(cfg, g)
     ns = n.netns
     inst = instance_names(cfg)
@@ -344,7 +350,7 @@ def graph_proxy_steps(cfg: Config, g: Graph) -> list[Step]:
                   Step(f"load nftables table {n.nft_table} in {ns}", in_netns(ns, ["nft", "-f", n.nft_file]))]
     steps += [flow_graph_step(cfg, g, n),
               bypass.install_step(cfg, g),
-              Step(f"attach flow_ingress to c_in and s_in of {ns}", in_netns(ns, ["tc", "-batch", "-"]),
+              Step(f"attach flow_ingress and flow_egress to c_in and s_in of {ns}", in_netns(ns, ["tc", "-batch", "-"]),
                    input=flow_attach_batch(inst.flow_pins))]
     return steps
 

@@ -40,6 +40,7 @@
 #include "flow_craft.h"
 #include "flow_fwd.h"
 #include "flow_maps.h"
+#include "flow_marks.h"
 #include "flow_measure.h"
 #include "flow_parse.h"
 #include "flow_sock.h"
@@ -294,6 +295,7 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 	else
 		verdict = to_proxy(skb, p, w);
 	if (verdict == VERDICT_PROXY) {
+		marks_syn(k, p);
 		measure_start(k, p, w, GROUP_TREATED);
 		return TC_ACT_OK;
 	}
@@ -408,6 +410,8 @@ static __always_inline int no_flow(struct __sk_buff *skb, struct tcp_pkt *p, con
 	if (others && rule_hit(k, w, p) && service_port_intercepted(w, p) &&
 	    ((w->flags & GRAPH_F_ASSIGN) || !owned(skb, p)))
 		return forward(skb, p, w->slot);
+	if (!(w->flags & GRAPH_F_ASSIGN))
+		marks_in(k, p, w);   /* modes nft and route: the proxy's flows end up here */
 	return pass(w, CNT_PKTS_NO_FLOW);
 }
 
@@ -435,8 +439,10 @@ static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const
 		measure(k, p, w);
 	if (w->flags & GRAPH_F_ASSIGN) {
 		own = to_own_socket(skb, p, w);
-		if (!own)
+		if (!own) {
+			marks_in(k, p, w);
 			return TC_ACT_OK;
+		}
 	}
 	e = bpf_map_lookup_elem(&flows, k);
 	if (e) {
@@ -489,4 +495,46 @@ int flow_ingress(struct __sk_buff *skb)
 	if (is_first_syn(&p))
 		return first_syn(skb, &p, &w, &key);
 	return later(skb, &p, &w, &key);
+}
+
+/* The proxy's own segments leaving c_in (to the subscriber) or s_in (to the
+ * origin): they carry what the other end marked its own with (flow_marks.h).
+ * Forwarded packets (bypassed flows) have no socket and pass untouched. */
+SEC("tc")
+int flow_egress(struct __sk_buff *skb)
+{
+	struct tcp_pkt p = {};
+	struct flow_marks *m;
+	struct flow_key key;
+	struct where w;
+
+	if (!skb->sk || where_from(skb->ifindex, &w) || parse_tcp(skb, &p))
+		return TC_ACT_OK;
+	/* Seen from the flow: leaving s_in is the subscriber's way in, leaving c_in the origin's. */
+	w.side = w.side == SIDE_ACCESS ? SIDE_ORIGIN : SIDE_ACCESS;
+	flow_key_of(&p, &w, &key);
+	m = bpf_map_lookup_elem(&marks, &key);
+	if (w.side == SIDE_ACCESS) {
+		/* The proxy's sockets to the origin ask ECN (tcp_ecn = 1 in the
+		 * namespace); a SYN asks only when its subscriber did. */
+		if (is_first_syn(&p) && (p.flags & (TCP_FLAG_ECE | TCP_FLAG_CWR)) &&
+		    (!m || !(m->flags & MARK_F_SUB_ECN)))
+			set_tcp_flags(skb, &p, p.flags & ~(TCP_FLAG_ECE | TCP_FLAG_CWR));
+		if (m)
+			set_dscp(skb, &p, m->sub_dscp);
+		return TC_ACT_OK;
+	}
+	if (!m)
+		return TC_ACT_OK;
+	set_dscp(skb, &p, m->org_dscp);
+	if ((m->flags & MARK_F_ORG_RESET) && (p.flags & TCP_FLAG_FIN)) {
+		/* The origin reset: so does the proxy, at the sequence number its
+		 * FIN would have had. A FIN with data loses only its FIN: the data
+		 * goes, the FIN comes again alone and goes as the RST. */
+		if (payload_len(&p))
+			set_tcp_flags(skb, &p, p.flags & ~TCP_FLAG_FIN);
+		else if (!set_tcp_flags(skb, &p, (p.flags & ~(TCP_FLAG_FIN | TCP_FLAG_PSH)) | TCP_FLAG_RST))
+			count(w.slot, CNT_RESETS_TO_SUB);
+	}
+	return TC_ACT_OK;
 }

@@ -35,6 +35,7 @@
 #define TCP_FLAG_FIN 0x01
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_RST 0x04
+#define TCP_FLAG_PSH 0x08
 #define TCP_FLAG_ACK 0x10
 #define TCP_FLAG_ECE 0x40
 #define TCP_FLAG_CWR 0x80
@@ -190,17 +191,30 @@ static long scan_one_opt(__u32 index, void *ctx)
 	return 0;
 }
 
+/* TCP payload bytes of the segment (the IP header's length, less both headers). */
+static __always_inline __u32 payload_len(const struct tcp_pkt *p)
+{
+	__u32 ip_len, hdrs = p->tcp.doff * 4;
+
+	if (p->family == 4) {
+		ip_len = bpf_ntohs(p->ip.v4.tot_len);
+		hdrs += p->l4_off - ETH_HLEN;
+	} else {
+		ip_len = bpf_ntohs(p->ip.v6.payload_len);
+	}
+	return ip_len > hdrs ? ip_len - hdrs : 0;
+}
+
 /* Zero: o holds p's options, read and scanned. Non-zero: the header's data
  * offset is out of range (less than 5 words, or past the packet's end). */
 static __always_inline int read_syn_opts(struct __sk_buff *skb, const struct tcp_pkt *p, struct syn_opts *o)
 {
-	__u32 hdr = p->tcp.doff * 4, l3 = p->l4_off - ETH_HLEN, ip_len;
+	__u32 hdr = p->tcp.doff * 4;
 
 	if (hdr < sizeof(struct tcphdr) || hdr > sizeof(struct tcphdr) + TCP_OPTS_MAX)
 		return -1;
 	o->len = hdr - sizeof(struct tcphdr);
-	ip_len = p->family == 4 ? bpf_ntohs(p->ip.v4.tot_len) : bpf_ntohs(p->ip.v6.payload_len) + sizeof(struct ipv6hdr);
-	o->payload = ip_len > l3 + hdr ? ip_len - l3 - hdr : 0;
+	o->payload = payload_len(p);
 	if (o->len && bpf_skb_load_bytes(skb, p->l4_off + sizeof(struct tcphdr), o->bytes, o->len))
 		return -1;
 	o->scan = 0;

@@ -175,6 +175,24 @@ enum flow_state {
 	FLOW_SYNACK_SEEN = 2,  /* and the other end answered it */
 };
 
+/* marks: LRU_HASH flow_key -> flow_marks. What a proxied flow's two ends put
+ * on their packets, for the proxy's packets to the other end to carry
+ * (flow_egress, on c_in's and s_in's egress): with source_port = "kept"
+ * the proxy's two sockets have the flow's own 4-tuple, so one key finds
+ * the flow from either side. Made at the first SYN when there is anything
+ * to carry, updated by the ends' segments (mode bpf), left to the LRU. */
+#define MARKS_MAX 262144
+
+struct flow_marks {
+	__u8 sub_dscp;        /* the subscriber's DSCP, as the TOS / traffic class byte (ECN bits 0) */
+	__u8 org_dscp;        /* the origin's */
+	__u8 flags;           /* MARK_F_* */
+	__u8 pad;
+};
+
+#define MARK_F_SUB_ECN   0x1  /* the subscriber's SYN asked for ECN: the proxy's SYN to the origin does */
+#define MARK_F_ORG_RESET 0x2  /* the origin reset the flow: the proxy's FIN to the subscriber goes as a RST */
+
 /* flows_new: LRU_HASH flow_key -> flow_new. */
 struct flow_new {
 	__u32 verdict;        /* enum flow_verdict (a bypass) */
@@ -231,6 +249,7 @@ enum flow_counter {
 	CNT_TW_OLD_SYN,             /* mode bpf: SYNs given to the TIME_WAIT socket of their 4-tuple, which
 				     * answers as the kernel does: an old duplicate, or the retry found it */
 	CNT_FLOWS_BYPASS_BUSY,      /* first SYNs decided BYPASS_BUSY */
+	CNT_RESETS_TO_SUB,          /* the proxy's FINs to a subscriber sent as RSTs: the origin had reset */
 	CNT_MAX
 };
 

@@ -73,7 +73,9 @@ SLOTS = (0, 1, 2)                                # whose counters every step wat
 # side name -> (ifindex, graph slot whose counters move; None: none may)
 SIDES = {"access": (C_IN0, 0), "origin": (S_IN0, 0), "access1": (C_IN1, 1), "origin1": (S_IN1, 1),
          "unused-slot": (UNUSED_SLOT, None), "below-range": (BELOW_RANGE, None),
-         "above-range": (ABOVE_RANGE, None)}
+         "above-range": (ABOVE_RANGE, None),
+         # flow_egress: the proxy's own segments leaving c_in (to the subscriber) or s_in (to the origin)
+         "to-access": (C_IN0, 0), "to-origin": (S_IN0, 0)}
 
 CLIENT, CLIENT2, SERVER = "198.18.0.10", "198.18.0.11", "198.19.0.10"
 CLIENT6, SERVER6 = "2001:2:0:1::10", "2001:2:0:2::10"
@@ -157,7 +159,7 @@ def tcp(src: str, sport: int, dst: str, dport: int, flags: str, seq: int, ack: i
         opts: tuple = (), **ip) -> Packet:
     seg = TCP(sport=sport, dport=dport, flags=flags, seq=seq, ack=ack, options=list(opts))
     if ":" in src:
-        return IPv6(src=src, dst=dst, hlim=ttl) / seg
+        return IPv6(src=src, dst=dst, hlim=ttl, **ip) / seg
     return IP(src=src, dst=dst, ttl=ttl, **ip) / seg
 
 
@@ -302,6 +304,18 @@ def time_wait(cport: int, sport: int) -> Do:
     def make(dp):
         dp.seen["rcv_nxt"] = dp.run_in_ns(_time_wait, cport, sport)
     return Do(f"a TIME_WAIT socket {TW_SERVER}:{sport} <- {TW_CLIENT}:{cport}", make)
+
+
+def expect_marks(flow: tuple, want: tuple | None) -> Do:
+    def check(dp):
+        got = dp.marks(*flow)
+        assert got == want, f"marks of {flow}: expected {want}, got {got}"
+    return Do(f"marks of {flow} are {want}", check)
+
+
+def marks(flow: tuple, sub_dscp: int, org_dscp: int, flags: int) -> Do:
+    return Do(f"marks of {flow} set to {sub_dscp:#x}, {org_dscp:#x}, {flags:#x}",
+              lambda dp: dp.set_marks(flow, sub_dscp, org_dscp, flags))
 
 
 def tw_syn(cport: int, sport: int, seq: int) -> Packet:
@@ -556,6 +570,46 @@ CASES = [
              cnt(flows_bypass_busy=1, pkts_bypassed=1)),
         Send("access", syn(40152), TC_ACT_OK, counters=NEW_PROXY)],
         flows=[Flow(CLIENT, LPORT0, SERVER, 80, "flows_new", "bypass_busy", syn_seq=2000)]),
+    # -- marks carried across the split (flow_marks.h): made at the SYN, kept from each end, applied out
+    Case("marks-syn", "a proxied SYN with DSCP AF41 (TOS 0x88) that asks ECN (ECE, CWR) leaves its marks; a "
+         "plain SYN on the same 4-tuple later takes them away", [
+        Send("access", syn(40160, flags="SEC", tos=0x88), TC_ACT_OK, counters=NEW_PROXY),
+        expect_marks((CLIENT, 40160, SERVER, 80), (0x88, 0, fm.MARK_F_SUB_ECN)),
+        Send("access", syn(40160, seq=9000), TC_ACT_OK, counters=NEW_PROXY),
+        expect_marks((CLIENT, 40160, SERVER, 80), None)]),
+    Case("marks-syn-v6", "IPv6: the DSCP of the traffic class (0xb8: EF), ECN bits aside", [
+        Send("access", syn(40161, src=CLIENT6, dst=SERVER6, tc=0xba), TC_ACT_OK, counters=NEW_PROXY),
+        expect_marks((CLIENT6, 40161, SERVER6, 80), (0xb8, 0, 0))]),
+    Case("marks-in", "ASSIGN (slot 1): segments of a proxied flow update each end's DSCP; the origin's RST "
+         "sets ORG_RESET", [
+        Send("access1", on_access(tcp(*EST_CLIENT, *EST_SERVER, "A", 1, 1, tos=0x28), 1), TC_ACT_OK,
+             counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
+        Send("origin1", on_origin(tcp(*EST_SERVER, *EST_CLIENT, "A", 1, 1, tos=0x48), 1), TC_ACT_OK,
+             counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
+        expect_marks((*EST_CLIENT, *EST_SERVER, 1), (0x28, 0x48, 0)),
+        Send("origin1", on_origin(tcp(*EST_SERVER, *EST_CLIENT, "RA", 1, 1, tos=0x48), 1), TC_ACT_OK,
+             counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
+        expect_marks((*EST_CLIENT, *EST_SERVER, 1), (0x28, 0x48, fm.MARK_F_ORG_RESET))]),
+    Case("egress-ecn", "the proxy's SYN to the origin keeps ECE and CWR only when its subscriber asked", [
+        Send("to-origin", syn(40162, flags="SEC"), TC_ACT_OK, syn(40162, flags="S")),
+        marks((CLIENT, 40163, SERVER, 80), 0, 0, fm.MARK_F_SUB_ECN),
+        Send("to-origin", syn(40163, flags="SEC"), TC_ACT_OK)]),
+    Case("egress-dscp", "the proxy's segments carry the other end's DSCP, their own ECN bits kept, both "
+         "families; forwarded packets (no socket) and flows without marks pass untouched", [
+        marks((CLIENT, 40164, SERVER, 80), 0x88, 0x20, 0),
+        Send("to-origin", ack(40164, flags="PA", tos=0x02), TC_ACT_OK, ack(40164, flags="PA", tos=0x8a)),
+        Send("to-access", reply(80, 40164, flags="A", tos=0x01), TC_ACT_OK, reply(80, 40164, flags="A", tos=0x21)),
+        Send("to-access", reply(80, 40165, flags="A", tos=0x01), TC_ACT_OK),
+        marks((CLIENT6, 40166, SERVER6, 80), 0xb8, 0, 0),
+        Send("to-origin", ack(40166, src=CLIENT6, dst=SERVER6, tc=0x01), TC_ACT_OK,
+             ack(40166, src=CLIENT6, dst=SERVER6, tc=0xb9))]),
+    Case("egress-reset", "after the origin's reset the proxy's FIN to the subscriber goes as a RST (counted); "
+         "a FIN with data loses its FIN only", [
+        marks((CLIENT, 40167, SERVER, 80), 0, 0, fm.MARK_F_ORG_RESET),
+        Send("to-access", reply(80, 40167, flags="FA"), TC_ACT_OK, reply(80, 40167, flags="RA"),
+             cnt(resets_to_sub=1)),
+        Send("to-access", reply(80, 40167, flags="FPA") / b"tail", TC_ACT_OK, reply(80, 40167, flags="PA") / b"tail"),
+        Send("to-access", reply(80, 40168, flags="FA"), TC_ACT_OK)]),
     # -- mode bpf, a TIME_WAIT socket of the proxy on the SYN's 4-tuple
     Case("time-wait-reset", "ASSIGN (slot 1): a SYN the kernel would let past a TIME_WAIT socket of its 4-tuple "
          "is made the RST that ends it (seq = its rcv_nxt, same direction, no options), marked for local "
@@ -866,6 +920,7 @@ def _rst_close(s: socket.socket) -> None:
 class FlowDatapath:
     pins: str
     prog: bpfsys.Prog
+    egress: bpfsys.Prog
     run_in_ns: object               # NetnsRunner
     ns: str
     listeners: dict[int, socket.socket] = field(default_factory=dict)
@@ -877,7 +932,18 @@ class FlowDatapath:
         self.owned.append(self.run_in_ns(_syn_sent, local, lport, remote, rport))
 
     def run(self, side: str, frame: bytes, mark: int = 0) -> bpfsys.TestRun:
-        return self.run_in_ns(self.prog.test_run, frame, bpfsys.skb_ctx(SIDES[side][0], mark))
+        prog = self.egress if side.startswith("to-") else self.prog
+        return self.run_in_ns(prog.test_run, frame, bpfsys.skb_ctx(SIDES[side][0], mark))
+
+    def marks(self, *flow) -> tuple | None:
+        """(sub_dscp, org_dscp, flags) of flow's marks entry (flow_key's arguments), or None."""
+        with fm.open_map(self.pins, "marks") as m:
+            raw = m.lookup(fm.flow_key(*flow))
+        return fm.FLOW_MARKS.unpack(raw) if raw is not None else None
+
+    def set_marks(self, flow: tuple, sub_dscp: int, org_dscp: int, flags: int) -> None:
+        with fm.open_map(self.pins, "marks") as m:
+            m.update(fm.flow_key(*flow), fm.FLOW_MARKS.pack(sub_dscp, org_dscp, flags))
 
     def counters(self) -> dict[int, dict[str, int]]:
         return {slot: fm.read_counters(self.pins, slot) for slot in SLOTS}
@@ -899,7 +965,7 @@ class FlowDatapath:
         """What every case starts from: no rule, no flow, slots 0 and 1 as G0 and G1, slot 2 unset,
         the two graph listeners open and no other."""
         for name in ("bypass_client4", "bypass_server4", "bypass_client6", "bypass_server6", "bypass_ports",
-                     "intercept_ports", "graph_addrs", "flows_new", "flows", "measured"):
+                     "intercept_ports", "graph_addrs", "flows_new", "flows", "marks", "measured"):
             with fm.open_map(self.pins, name) as m:
                 for key in list(m.keys()):
                     m.delete(key, missing_ok=True)
@@ -957,7 +1023,8 @@ def flowdp(pin_dir, netns, bpf_loadall):
 
     bpf_loadall(OBJECT, pin_dir)
     prog = bpfsys.Prog(str(pin_dir / "prog" / fm.PROGRAM))
-    dp = FlowDatapath(str(pin_dir), prog, run_in_ns, ns)
+    egress = bpfsys.Prog(str(pin_dir / "prog" / fm.EGRESS_PROGRAM))
+    dp = FlowDatapath(str(pin_dir), prog, egress, run_in_ns, ns)
     try:
         dp.sockets.extend(run_in_ns(_established_pair))
         dp.reset()
@@ -965,6 +1032,7 @@ def flowdp(pin_dir, netns, bpf_loadall):
     finally:
         dp.close()
         prog.close()
+        egress.close()
 
 
 def _show(frame: Packet | bytes) -> str:
@@ -1156,6 +1224,7 @@ def test_maps_match_contract(flowdp):
         "bypass_server6": (lpm, fm.LPM6_KEY.size, 4, 1048576, no_prealloc),
         "flows_new": (lru, fm.FLOW_KEY.size, fm.FLOW_NEW.size, 262144, 0),
         "flows": (hash_, fm.FLOW_KEY.size, fm.FLOW_EST.size, 1048576, no_prealloc),
+        "marks": (lru, fm.FLOW_KEY.size, fm.FLOW_MARKS.size, 262144, 0),
         "measured": (lru, fm.FLOW_KEY.size, 40, 65536, 0),
         "flow_records": (queue, 0, experiment.FLOW_RECORD.size, 65536, 0),
         "flow_stats": (percpu_array, 4, 8, fm.GRAPHS_MAX * len(fm.COUNTERS), 0),
