@@ -61,6 +61,7 @@ class Proxy:
     log_connections: bool
     source_port: str = "kept"                 # "kept" | "any": the proxy connects from the client's port
     mptcp: str = "bypass"                     # "bypass" | "proxy": a subscriber's MPTCP SYN
+    handshake: str = "honest"                 # "honest" | "early": who answers a new flow's SYN first
 
     @property
     def one_listener(self) -> bool:
@@ -213,6 +214,7 @@ PROXY_DEFAULTS: dict[str, Any] = {
     # issue 26: what the split hides (README, "Transparency")
     "source_port": "kept",
     "mptcp": "bypass",
+    "handshake": None,      # "honest" in mode bpf, which alone can make it; "early" otherwise
 }
 PROXY_KEYS = tuple(PROXY_DEFAULTS)
 DEFAULT_CONGESTION = {"access": "bbr", "origin": "cubic"}
@@ -260,6 +262,7 @@ ENUMS = {
     "mode": ("tcp", "http"),
     "source_port": ("kept", "any"),
     "mptcp": ("bypass", "proxy"),
+    "handshake": ("honest", "early"),
 }
 
 NO_GRAPHS = "no graphs; add at least one [[graph]] table (see etc/pep.example.toml)"
@@ -767,8 +770,21 @@ class _Reader:
         if mode in ONE_LISTENER and ports not in (None, BAD) and listen is not BAD and in_ranges(listen, ports):
             fail("listen_port", f"is also an intercepted port (ports); the proxy's listener needs a port of "
                  f"its own: pick one outside ports (default {PROXY_DEFAULTS['listen_port']})")
+        self.proxy_handshake(v, fail)
         values = [v[k] for k in PROXY_KEYS]
         return BAD if any(x is BAD for x in values) else Proxy(*values)
+
+    @staticmethod
+    def proxy_handshake(v: dict, fail) -> None:
+        """handshake: "honest" (the origin answers a new flow's SYN before the proxy does) needs the
+        datapath's own interception; the default is honest there and early elsewhere."""
+        mode = v["interception"]
+        if v["handshake"] is None:
+            v["handshake"] = "honest" if mode == "bpf" else "early"
+        elif v["handshake"] == "honest" and mode not in ("bpf", BAD):
+            fail("handshake", f'"honest" needs interception = "bpf" (the datapath sends the SYN to the origin '
+                 f'and hands it to the listener itself; interception is "{mode}"): use handshake = "early" or '
+                 'interception = "bpf"')
 
     # -- sides --
 

@@ -30,7 +30,8 @@ from . import bpfsys
 PROGRAM = "flow_ingress"
 EGRESS_PROGRAM = "flow_egress"
 MAPS = ("graphs", "graph_addrs", "bypass_ports", "intercept_ports", "bypass_client4", "bypass_server4",
-        "bypass_client6", "bypass_server6", "flows_new", "flows", "marks", "measured", "flow_records", "flow_stats")
+        "bypass_client6", "bypass_server6", "flows_new", "flows", "syns", "marks", "measured", "flow_records",
+        "flow_stats")
 
 COUNTERS = (
     "flows_proxied",
@@ -59,6 +60,10 @@ COUNTERS = (
     "tw_old_syn",
     "flows_bypass_busy",
     "resets_to_sub",
+    "syns_probed",
+    "origin_accepted",
+    "origin_refused",
+    "probe_failed",
 )
 
 GRAPHS_MAX = 2048                                # PEP_GRAPHS_MAX
@@ -70,7 +75,8 @@ VERDICTS = {1: "proxy", 2: "bypass_rule", 3: "bypass_failopen", 4: "bypass_contr
             5: "bypass_mptcp", 6: "bypass_busy"}
 STATES = {1: "syn_seen", 2: "synack_seen"}       # enum flow_state
 GRAPH_F_ENABLED, GRAPH_F_ASSIGN, GRAPH_F_ALL_PORTS, GRAPH_F_ORIGIN_SYNS = 0x1, 0x2, 0x4, 0x8
-GRAPH_F_MEASURE, GRAPH_F_PROXY_MPTCP, GRAPH_F_KEEP_PORT = 0x10, 0x20, 0x40
+GRAPH_F_MEASURE, GRAPH_F_PROXY_MPTCP, GRAPH_F_KEEP_PORT, GRAPH_F_HONEST = 0x10, 0x20, 0x40, 0x80
+SYN_STATES = {1: "probing", 2: "accepted"}        # enum syn_state
 PORTS = 65536
 
 # Layouts (native byte order, as the kernel stores them; "x" is explicit padding).
@@ -84,6 +90,8 @@ FLOW_KEY = struct.Struct("=16s16s2s2sHBx")
 FLOW_NEW = struct.Struct("=IIIBBxxQ")            # verdict, syn_seq, synack_seq, opener, state, first_seen_ns
 FLOW_EST = struct.Struct("=IIQQBB6x16s")         # verdict, syn_seq, first_seen, last_seen, fins, closing, timer
 FLOW_MARKS = struct.Struct("=BBBx")              # sub_dscp, org_dscp, flags
+# syn_seq, state, opener, tcp_flags, opt_len, window (BE), ttl, tos, ip_word (BE), macs, opts, first_seen_ns
+FLOW_SYN = struct.Struct("=IBBBB2sBB4s12s40s4xQ")
 MARK_F_SUB_ECN, MARK_F_ORG_RESET = 0x1, 0x2
 U32 = struct.Struct("=I")
 U64 = struct.Struct("=Q")

@@ -52,7 +52,8 @@ CATALOGUE = {m.name: m for m in (
     Metric("pep_flow_table_events_total", "counter", ("graph", "event"),
            "flow table events: promoted, stale, table_full, expired, closed, assign_failed, record_dropped; "
            "tw_reset (a TIME_WAIT socket of the proxy ended for a new SYN), tw_old_syn (a SYN left to one), "
-           "reset_to_subscriber (the proxy's FIN sent as a RST: the origin had reset)"),
+           "reset_to_subscriber (the proxy's FIN sent as a RST: the origin had reset); the honest handshake's "
+           "syn_probed, origin_accepted, origin_refused, probe_failed"),
     Metric("pep_failopen", "gauge", G, "1 while the graph's new flows fail open: no proxy listener"),
     Metric("pep_failopen_switches_total", "counter", G,
            "switches between proxy and fail-open the exporter saw (it looks at HAProxy every second, "

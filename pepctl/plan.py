@@ -279,6 +279,8 @@ def flow_flags(g: Graph) -> tuple[int, int, tuple[int, int]]:
         flags |= flow_maps.GRAPH_F_KEEP_PORT
     if p.mptcp == "proxy":
         flags |= flow_maps.GRAPH_F_PROXY_MPTCP
+    if p.handshake == "honest":
+        flags |= flow_maps.GRAPH_F_HONEST
     control = (0, 0)
     if g.experiment.on:
         flags |= flow_maps.GRAPH_F_MEASURE

@@ -1,7 +1,7 @@
 """`pepctl reload`: apply a changed config without dropping a connection.
 
 What may change live: each graph's [graph.proxy] settings (splice, mode, maxconn, logging, the
-intercepted ports, listen_port in modes bpf and nft, source_port, mptcp) and [graph.bypass], and HAProxy's own
+intercepted ports, listen_port in modes bpf and nft, source_port, mptcp, handshake) and [graph.bypass], and HAProxy's own
 [host] settings (threads, maxconn, metrics). The flow maps and the nft tables are updated in
 place; HAProxy gets its new config through its supervisor, which starts a new HAProxy that
 takes the listening sockets over and lets the old one finish its connections: no connection
@@ -29,7 +29,8 @@ from .plan import flow_flags, haproxy_check_argv, haproxy_config
 from .render_nft import render_nft
 from .runner import Journal, StepError, read_pid, run, wait_for, write_file
 
-LIVE_PROXY = {"splice", "mode", "maxconn", "log_connections", "ports", "listen_port", "source_port", "mptcp"}
+LIVE_PROXY = {"splice", "mode", "maxconn", "log_connections", "ports", "listen_port", "source_port", "mptcp",
+              "handshake"}
 LIVE_HOST = {"threads", "maxconn"}
 LIVE_ROUTING = {"hosts", "assign"}
 

@@ -39,6 +39,7 @@
 #include "pep_flow.h"
 #include "flow_craft.h"
 #include "flow_fwd.h"
+#include "flow_honest.h"
 #include "flow_maps.h"
 #include "flow_marks.h"
 #include "flow_measure.h"
@@ -139,9 +140,15 @@ static __always_inline int rule_hit(const struct flow_key *k, const struct where
 	return present(bpf_map_lookup_elem(&bypass_ports, &pk));
 }
 
+/* to_proxy's answer when a listener would take the SYN but the origin is to
+ * answer it first (the honest handshake): not a verdict of the contract. */
+#define VERDICT_PROBE 0x100
+
 /* Steps 4 and 5: PROXY when a listener takes the SYN (counted, and in mode
- * bpf handed over and marked), else BYPASS_FAILOPEN. */
-static __always_inline __u32 to_proxy(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w)
+ * bpf handed over and marked), else BYPASS_FAILOPEN. With probe, a SYN a
+ * listener would take is left as it is: VERDICT_PROBE. */
+static __always_inline __u32 to_proxy(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
+				      int probe)
 {
 	struct bpf_sock *sk;
 	__u32 verdict = VERDICT_PROXY;
@@ -167,6 +174,10 @@ static __always_inline __u32 to_proxy(struct __sk_buff *skb, const struct tcp_pk
 
 	if (!sk)
 		return VERDICT_BYPASS_FAILOPEN;  /* the proxy is down: fail open */
+	if (probe) {
+		bpf_sk_release(sk);
+		return VERDICT_PROBE;
+	}
 	if (w->flags & GRAPH_F_ASSIGN) {
 		if (hand_to(skb, sk)) {
 			count(w->slot, CNT_ASSIGN_FAILED);
@@ -268,7 +279,8 @@ static __always_inline __u32 verdict_counter(__u32 verdict)
 static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
 				      const struct flow_key *k)
 {
-	struct syn_opts o = {};
+	struct craft_buf *b = craft_buf();
+	struct syn_opts *o;
 	__u32 verdict;
 	int act;
 
@@ -280,20 +292,31 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 	}
 	if (!intercepted(w, p))
 		return pass(w, CNT_FLOWS_NOT_INTERCEPTED);
-	if (read_syn_opts(skb, p, &o))
+	if (!b)
+		return TC_ACT_OK;   /* never: the per-CPU scratch always exists */
+	o = &b->opts;
+	if (read_syn_opts(skb, p, o))
 		return pass(w, CNT_PKTS_NOT_TCP);   /* a header the stack will judge (and drop) */
 	if (rule_hit(k, w, p))
 		verdict = VERDICT_BYPASS_RULE;
-	else if (o.mptcp && !(w->flags & GRAPH_F_PROXY_MPTCP))
+	else if (o->mptcp && !(w->flags & GRAPH_F_PROXY_MPTCP))
 		verdict = VERDICT_BYPASS_MPTCP;
 	else if (in_control(k, w))
 		verdict = VERDICT_BYPASS_CONTROL;
-	else if ((w->flags & GRAPH_F_ASSIGN) && (act = past_time_wait(skb, p, &o, w)) >= 0)
+	else if ((w->flags & GRAPH_F_ASSIGN) && (act = past_time_wait(skb, p, o, w)) >= 0)
 		return act;
 	else if ((w->flags & GRAPH_F_KEEP_PORT) && port_busy(skb, p))
 		verdict = VERDICT_BYPASS_BUSY;
 	else
-		verdict = to_proxy(skb, p, w);
+		verdict = to_proxy(skb, p, w, (w->flags & GRAPH_F_HONEST) && (w->flags & GRAPH_F_ASSIGN) &&
+				   probeable(p, o));
+	if (verdict == VERDICT_PROBE) {
+		/* On to the origin through the stack's routing, as routed. */
+		syn_record(skb, k, p, o, w->side, 0);
+		count(w->slot, CNT_SYNS_PROBED);
+		measure_start(k, p, w, GROUP_TREATED);
+		return TC_ACT_OK;
+	}
 	if (verdict == VERDICT_PROXY) {
 		marks_syn(k, p);
 		measure_start(k, p, w, GROUP_TREATED);
@@ -306,11 +329,50 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 	return forward(skb, p, w->slot);
 }
 
+/* The honest handshake, a first SYN of a flow with a record: a retransmission
+ * while the origin has not answered goes on again (its record refreshed); the
+ * SYN rebuilt once it answered SYN-ACK (or a retransmission since) goes to
+ * the listener, or, gone meanwhile, end to end. -1: no record of this SYN. */
+static __always_inline int honest_syn(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
+				      const struct flow_key *k)
+{
+	struct flow_syn *r = bpf_map_lookup_elem(&syns, k);
+	struct craft_buf *b;
+	__u32 verdict;
+
+	if (!r)
+		return -1;
+	if (r->syn_seq != p->seq || r->opener != w->side) {
+		bpf_map_delete_elem(&syns, k);   /* the 4-tuple reused: a new flow */
+		return -1;
+	}
+	if (r->state == SYN_PROBING) {
+		b = craft_buf();
+		if (b && !read_syn_opts(skb, p, &b->opts) && probeable(p, &b->opts))
+			syn_record(skb, k, p, &b->opts, w->side, r->first_seen_ns);
+		return TC_ACT_OK;
+	}
+	verdict = to_proxy(skb, p, w, 0);
+	if (verdict == VERDICT_PROXY)
+		return TC_ACT_OK;
+	bpf_map_delete_elem(&syns, k);
+	remember(k, p, w, verdict);
+	count(w->slot, verdict_counter(verdict));
+	return forward(skb, p, w->slot);
+}
+
 static __always_inline int first_syn(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
 				     const struct flow_key *k)
 {
 	const struct flow_new *n = bpf_map_lookup_elem(&flows_new, k);
 	const struct flow_est *e;
+	int act;
+
+	if (w->flags & GRAPH_F_HONEST) {
+		act = honest_syn(skb, p, w, k);
+		if (act >= 0)
+			return act;
+	}
 
 	if (n) {
 		if (n->syn_seq == p->seq)
@@ -427,6 +489,65 @@ static __always_inline int stale(struct __sk_buff *skb, struct tcp_pkt *p, const
 	return no_flow(skb, p, w, k, 0);   /* this host's own connection, not another host's */
 }
 
+/* The honest handshake: the origin's answer to a probe (pep_flow.h, syns).
+ * -1: not one. */
+static __always_inline int syn_answered(struct __sk_buff *skb, struct tcp_pkt *p, const struct where *w,
+					const struct flow_key *k)
+{
+	struct flow_syn *r = bpf_map_lookup_elem(&syns, k);
+	struct flow_marks m = {};
+	struct flow_new n = {};
+	__u8 syn_flags = TCP_FLAG_SYN;
+	int err;
+
+	if (!r || r->opener == w->side || !(p->flags & TCP_FLAG_ACK) || p->ack_seq != r->syn_seq + 1)
+		return -1;
+	if (r->state == SYN_ACCEPTED) {
+		/* The origin answering again (it had the SYN twice, or our RST
+		 * was lost): never the opener's to see; the RST goes again. */
+		if (is_syn_ack(p) && !make_rst(skb, p, p->ack_seq, 1))
+			return bpf_redirect(skb->ifindex, 0);
+		return TC_ACT_SHOT;
+	}
+	if (p->flags & TCP_FLAG_RST) {
+		bpf_map_delete_elem(&syns, k);
+		count(w->slot, CNT_ORIGIN_REFUSED);
+		return TC_ACT_OK;   /* refused: the stack routes the RST on to the opener */
+	}
+	if (!is_syn_ack(p))
+		return -1;
+	/* ECN toward the opener as the origin answered it (RFC 3168: ECE
+	 * without CWR); toward the origin as the opener asked. */
+	if ((r->tcp_flags & ECN_SETUP) == ECN_SETUP) {
+		m.flags = MARK_F_SUB_ECN;
+		if ((p->flags & ECN_SETUP) == TCP_FLAG_ECE)
+			syn_flags |= ECN_SETUP;
+	}
+	m.sub_dscp = (p->family == 4 ? r->tos : bpf_ntohl(r->ip_word) >> 20) & DSCP_MASK;
+	m.org_dscp = dscp_of(p);
+	bpf_map_update_elem(&marks, k, &m, BPF_ANY);
+	err = syn_rebuild(skb, p, r, syn_flags);
+	if (err < 0)
+		return TC_ACT_SHOT;   /* half-made: the origin sends its SYN-ACK again, or the opener its SYN */
+	if (err) {
+		/* An answer this datapath cannot rewrite: the flow goes end to end. */
+		n.verdict = VERDICT_BYPASS_FAILOPEN;
+		n.syn_seq = r->syn_seq;
+		n.synack_seq = p->seq;
+		n.opener = r->opener;
+		n.state = FLOW_SYNACK_SEEN;
+		n.first_seen_ns = r->first_seen_ns;
+		bpf_map_update_elem(&flows_new, k, &n, BPF_ANY);
+		bpf_map_delete_elem(&syns, k);
+		count(w->slot, CNT_PROBE_FAILED);
+		count(w->slot, CNT_FLOWS_BYPASS_FAILOPEN);
+		return forward(skb, p, w->slot);
+	}
+	r->state = SYN_ACCEPTED;
+	count(w->slot, CNT_ORIGIN_ACCEPTED);
+	return bpf_redirect(side_ifindex(w->slot, r->opener), BPF_F_INGRESS);
+}
+
 /* Any segment but a first SYN. */
 static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const struct where *w,
 				 const struct flow_key *k)
@@ -443,6 +564,12 @@ static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const
 			marks_in(k, p, w);
 			return TC_ACT_OK;
 		}
+	}
+	if ((w->flags & GRAPH_F_HONEST) && (p->flags & (TCP_FLAG_SYN | TCP_FLAG_RST))) {
+		int act = syn_answered(skb, p, w, k);
+
+		if (act >= 0)
+			return act;
 	}
 	e = bpf_map_lookup_elem(&flows, k);
 	if (e) {

@@ -39,12 +39,16 @@
 #define IP4_CHECK_OFF (ETH_HLEN + offsetof(struct iphdr, check))
 #define IP6_PLEN_OFF (ETH_HLEN + offsetof(struct ipv6hdr, payload_len))
 
-/* Room for a TCP header before and after, per CPU (the stack is too small
- * for them beside the decision's own). Nothing that runs nested on the same
- * CPU (the egress program, through a redirect) touches it. */
+/* Room for a TCP and an IP header before and after, and a SYN's options, per
+ * CPU (the stack is too small for them beside the decision's own). Nothing
+ * that runs nested on the same CPU (the egress program, through a redirect)
+ * touches it. */
 struct craft_buf {
 	__u8 old[TCP_HDR_BUF];
 	__u8 new[TCP_HDR_BUF];
+	__u8 ip_old[sizeof(struct iphdr)];
+	__u8 ip_new[sizeof(struct iphdr)];
+	struct syn_opts opts;   /* a first SYN's, while it is decided */
 };
 
 struct {
@@ -79,25 +83,30 @@ static __always_inline int swap_ends(struct __sk_buff *skb, const struct tcp_pkt
 	return bpf_skb_store_bytes(skb, src, p->dst, 16, 0) || bpf_skb_store_bytes(skb, src + 16, p->src, 16, 0);
 }
 
-/* Replaces the TCP header of p's segment (payload-less, its header
- * old_len bytes at p->l4_off) with b->new's first new_len bytes, whose
- * checksum field must hold the old header's: the field is then moved by the
- * difference, and the IP length follows. */
+/* Replaces the TCP header of p's segment (payload-less; p gives its family
+ * and where its TCP header starts, which a rewrite does not move) with
+ * b->new's first new_len bytes. The checksum field is moved by the
+ * difference (b->new's own is ignored), and the IP length follows. */
 static __attribute__((noinline)) int put_tcp(struct __sk_buff *skb, const struct tcp_pkt *p, struct craft_buf *b,
-					     __u32 old_len, __u32 new_len)
+					     __u32 new_len)
 {
-	__u32 l3 = p->l4_off - ETH_HLEN, csum_off = p->l4_off + TCP_CSUM_OFF;
+	__u32 l3 = p->l4_off - ETH_HLEN, csum_off = p->l4_off + TCP_CSUM_OFF, old_len;
 	__s64 diff, tail = 0;
 	__be16 old_tot, new_tot;
 
-	if (!b || old_len < sizeof(struct tcphdr) || old_len > TCP_HDR_MAX || new_len < sizeof(struct tcphdr) ||
-	    new_len > TCP_HDR_MAX || (old_len & 3) || (new_len & 3))
+	if (!b || bpf_skb_load_bytes(skb, p->l4_off, b->old, sizeof(struct tcphdr)))
+		return -1;
+	old_len = ((struct tcphdr *)b->old)->doff * 4;
+	if (old_len < sizeof(struct tcphdr) || old_len > TCP_HDR_MAX || new_len < sizeof(struct tcphdr) ||
+	    new_len > TCP_HDR_MAX || (new_len & 3))
 		return -1;
 	/* The same values, in a form whose bounds the verifier sees where they are used. */
 	old_len = sizeof(struct tcphdr) + MASKED(old_len - sizeof(struct tcphdr), TCP_OPTS_BUF - 1);
 	new_len = sizeof(struct tcphdr) + MASKED(new_len - sizeof(struct tcphdr), TCP_OPTS_BUF - 1);
 	if (bpf_skb_load_bytes(skb, p->l4_off, b->old, old_len))
 		return -1;
+	/* The field's own value on both sides: the difference leaves it out. */
+	((struct tcphdr *)b->new)->check = ((struct tcphdr *)b->old)->check;
 	diff = bpf_csum_diff((__be32 *)b->old, old_len, (__be32 *)b->new, new_len, 0);
 	if (diff < 0)
 		return -1;
@@ -118,16 +127,17 @@ static __attribute__((noinline)) int put_tcp(struct __sk_buff *skb, const struct
 		new_tot = bpf_htons(new_len);
 		return bpf_skb_store_bytes(skb, IP6_PLEN_OFF, &new_tot, 2, BPF_F_RECOMPUTE_CSUM);
 	}
-	old_tot = p->ip.v4.tot_len;
+	if (bpf_skb_load_bytes(skb, IP4_TOTLEN_OFF, &old_tot, 2))
+		return -1;
 	new_tot = bpf_htons(l3 + new_len);
 	return bpf_skb_store_bytes(skb, IP4_TOTLEN_OFF, &new_tot, 2, 0) ||
 	       bpf_l3_csum_replace(skb, IP4_CHECK_OFF, old_tot, new_tot, 2);
 }
 
 /* b->new as a bare header (no options) from sport to dport: seq, ack (0:
- * none), flags; its checksum field the old header's (put_tcp's rule). */
-static __always_inline void bare_header(struct craft_buf *b, const struct tcp_pkt *p, __be16 sport, __be16 dport,
-					__u32 seq, __u32 ack, __u8 flags)
+ * none), flags, window. */
+static __always_inline void bare_header(struct craft_buf *b, __be16 sport, __be16 dport, __u32 seq, __u32 ack,
+					__u8 flags, __be16 window)
 {
 	struct tcphdr *h = (struct tcphdr *)b->new;
 
@@ -138,7 +148,7 @@ static __always_inline void bare_header(struct craft_buf *b, const struct tcp_pk
 	h->ack_seq = bpf_htonl(ack);
 	h->doff = sizeof(*h) / 4;
 	((__u8 *)h)[TCP_FLAGS_OFF] = flags;
-	h->check = p->tcp.check;
+	h->window = window;
 }
 
 /* The segment, payload-less, made a bare RST with sequence number seq: from
@@ -153,11 +163,11 @@ static __always_inline int make_rst(struct __sk_buff *skb, const struct tcp_pkt 
 	if (reverse) {
 		if (swap_ends(skb, p))
 			return -1;
-		bare_header(b, p, p->dport, p->sport, seq, 0, TCP_FLAG_RST);
+		bare_header(b, p->dport, p->sport, seq, 0, TCP_FLAG_RST, 0);
 	} else {
-		bare_header(b, p, p->sport, p->dport, seq, 0, TCP_FLAG_RST);
+		bare_header(b, p->sport, p->dport, seq, 0, TCP_FLAG_RST, 0);
 	}
-	return put_tcp(skb, p, b, p->tcp.doff * 4, sizeof(struct tcphdr));
+	return put_tcp(skb, p, b, sizeof(struct tcphdr));
 }
 
 #endif /* PEP_FLOW_CRAFT_H */

@@ -103,6 +103,13 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SYNS_MAX);
+	__type(key, struct flow_key);
+	__type(value, struct flow_syn);
+} syns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, MARKS_MAX);
 	__type(key, struct flow_key);
 	__type(value, struct flow_marks);

@@ -146,7 +146,8 @@ static __always_inline int parse_tcp(struct __sk_buff *skb, struct tcp_pkt *p)
 }
 
 /* The options of a SYN, kept as they came (the honest handshake replays them)
- * and read for what the decision needs. */
+ * and read for what the decision needs. read_syn_opts fills every field but
+ * the bytes past len (kept per CPU: flow_craft.h, struct craft_buf). */
 struct syn_opts {
 	__u8 bytes[TCP_OPTS_BUF];
 	__u32 len;         /* bytes of options: doff * 4 - 20, at most TCP_OPTS_MAX */
@@ -161,10 +162,18 @@ struct syn_opts {
  * Non-zero ends the scan. A bpf_loop callback, verified once: an unrolled
  * or bounded loop here made the verifier follow every mix of option lengths
  * (two paths an option, forty options) past its limit. */
+struct scan_ctx {
+	struct syn_opts *o;   /* bpf_loop takes a context on the stack only: o itself may be elsewhere */
+};
+
 static long scan_one_opt(__u32 index, void *ctx)
 {
-	struct syn_opts *o = ctx;
-	__u32 off = o->scan;
+	struct syn_opts *o = ((struct scan_ctx *)ctx)->o;
+	__u32 off;
+
+	if (!o)
+		return 1;
+	off = o->scan;
 	__u8 kind, olen;
 
 	(void)index;
@@ -211,14 +220,19 @@ static __always_inline int read_syn_opts(struct __sk_buff *skb, const struct tcp
 {
 	__u32 hdr = p->tcp.doff * 4;
 
+	o->mptcp = 0;
+	o->has_ts = 0;
+	o->tsval = 0;
 	if (hdr < sizeof(struct tcphdr) || hdr > sizeof(struct tcphdr) + TCP_OPTS_MAX)
 		return -1;
 	o->len = hdr - sizeof(struct tcphdr);
 	o->payload = payload_len(p);
 	if (o->len && bpf_skb_load_bytes(skb, p->l4_off + sizeof(struct tcphdr), o->bytes, o->len))
 		return -1;
+	struct scan_ctx ctx = { .o = o };
+
 	o->scan = 0;
-	bpf_loop(TCP_OPTS_MAX, scan_one_opt, o, 0);
+	bpf_loop(TCP_OPTS_MAX, scan_one_opt, &ctx, 0);
 	return 0;
 }
 

@@ -118,6 +118,7 @@ struct graph_config {
 #define GRAPH_F_MEASURE     0x10 /* the experiment is on: measure access-side flows of both groups */
 #define GRAPH_F_PROXY_MPTCP 0x20 /* mptcp = "proxy": SYNs with an MPTCP option are decided as any other */
 #define GRAPH_F_KEEP_PORT   0x40 /* source_port = "kept": the proxy connects from the client's own port */
+#define GRAPH_F_HONEST      0x80 /* handshake = "honest" (mode bpf): the origin answers a flow's SYN first */
 
 /* bypass_ports, intercept_ports: HASH port_key -> __u32 (non-zero: present).
  * bypass_ports: SYNs to that port are bypassed (a rule). intercept_ports:
@@ -193,6 +194,47 @@ struct flow_marks {
 #define MARK_F_SUB_ECN   0x1  /* the subscriber's SYN asked for ECN: the proxy's SYN to the origin does */
 #define MARK_F_ORG_RESET 0x2  /* the origin reset the flow: the proxy's FIN to the subscriber goes as a RST */
 
+/* syns: LRU_HASH flow_key -> flow_syn. The honest handshake (GRAPH_F_HONEST,
+ * mode bpf): a first SYN that would be proxied goes on to the origin first,
+ * recorded here (SYN_PROBING); retransmissions go on too. The origin's
+ * answer decides, at the other side's ingress:
+ *   RST (refused)  passed on to the opener as routed; the entry goes
+ *                  (origin_refused);
+ *   SYN-ACK        not passed on: that very packet becomes a RST to the
+ *                  origin (seq = its ack: the origin forgets its half-open
+ *                  connection), sent out, and then the opener's SYN rebuilt
+ *                  from this entry (its IP fields and TCP options; ECE and
+ *                  CWR only if the origin agreed to ECN), put in at the
+ *                  opener's interface (SYN_ACCEPTED, origin_accepted);
+ *   nothing        nothing: the opener is answered by no one, as routed.
+ * The rebuilt SYN, and any retransmission once accepted, goes to the
+ * listener as in step 5; HAProxy then connects to the origin as ever. A
+ * SYN whose flow the datapath cannot rebuild (data in it, IPv4 options) is
+ * handed to the listener at once; an answer it cannot rewrite makes the
+ * flow BYPASS_FAILOPEN, the answer passed on (probe_failed). */
+#define SYNS_MAX 262144
+
+enum syn_state {
+	SYN_PROBING = 1,      /* the SYN went on to the origin */
+	SYN_ACCEPTED = 2,     /* the origin answered SYN-ACK: the rebuilt SYN went to the listener */
+};
+
+struct flow_syn {
+	__u32 syn_seq;        /* the opener's ISN */
+	__u8 state;           /* enum syn_state */
+	__u8 opener;          /* enum flow_side of the SYN's sender */
+	__u8 tcp_flags;       /* the SYN's flags byte (ECE, CWR) */
+	__u8 opt_len;         /* bytes of opts */
+	__be16 window;
+	__u8 ttl;             /* TTL / hop limit */
+	__u8 tos;             /* IPv4 TOS */
+	__be32 ip_word;       /* IPv4: id and frag_off; IPv6: version, traffic class, flow label */
+	__u8 macs[12];        /* the SYN's destination and source MACs */
+	__u8 opts[40];        /* its TCP options, as they came */
+	__u32 pad;
+	__u64 first_seen_ns;
+};
+
 /* flows_new: LRU_HASH flow_key -> flow_new. */
 struct flow_new {
 	__u32 verdict;        /* enum flow_verdict (a bypass) */
@@ -250,6 +292,10 @@ enum flow_counter {
 				     * answers as the kernel does: an old duplicate, or the retry found it */
 	CNT_FLOWS_BYPASS_BUSY,      /* first SYNs decided BYPASS_BUSY */
 	CNT_RESETS_TO_SUB,          /* the proxy's FINs to a subscriber sent as RSTs: the origin had reset */
+	CNT_SYNS_PROBED,            /* honest: first SYNs sent on to the origin before the proxy answers */
+	CNT_ORIGIN_ACCEPTED,        /* honest: SYN-ACKs made the origin's RST and the opener's SYN to the listener */
+	CNT_ORIGIN_REFUSED,         /* honest: RSTs answering a probe, passed on to the opener */
+	CNT_PROBE_FAILED,           /* honest: answers not rewritten: the flow went end to end (bypass_failopen) */
 	CNT_MAX
 };
 

@@ -306,11 +306,28 @@ def time_wait(cport: int, sport: int) -> Do:
     return Do(f"a TIME_WAIT socket {TW_SERVER}:{sport} <- {TW_CLIENT}:{cport}", make)
 
 
+def honest() -> Do:
+    return graph_flags(1, G1["flags"] | fm.GRAPH_F_HONEST, LPORT1)
+
+
+# The SYNs the honest handshake must give back byte for byte: IP fields and options of their own.
+H_SYN = syn1(40170, opts=LINUX_OPTS, tos=0x88, id=4011, ttl=61)
+H_SYN6 = on_access(IPv6(src=CLIENT6, dst=SERVER6, tc=0x20, fl=0xFAB12, hlim=63)
+                   / TCP(sport=40174, dport=80, flags="S", seq=1000, window=4011, options=list(LINUX_OPTS)))
+
+
 def expect_marks(flow: tuple, want: tuple | None) -> Do:
     def check(dp):
         got = dp.marks(*flow)
         assert got == want, f"marks of {flow}: expected {want}, got {got}"
     return Do(f"marks of {flow} are {want}", check)
+
+
+def expect_syn(flow: tuple, want: str | None) -> Do:
+    def check(dp):
+        got = dp.syn_state(*flow)
+        assert got == want, f"honest-handshake record of {flow}: expected {want}, got {got}"
+    return Do(f"the record of {flow} is {want}", check)
 
 
 def marks(flow: tuple, sub_dscp: int, org_dscp: int, flags: int) -> Do:
@@ -570,6 +587,61 @@ CASES = [
              cnt(flows_bypass_busy=1, pkts_bypassed=1)),
         Send("access", syn(40152), TC_ACT_OK, counters=NEW_PROXY)],
         flows=[Flow(CLIENT, LPORT0, SERVER, 80, "flows_new", "bypass_busy", syn_seq=2000)]),
+    # -- the honest handshake (GRAPH_F_HONEST, slot 1): the origin answers the SYN first
+    Case("honest-accepted", "a SYN goes on to the origin (recorded, routed by the stack), its retransmission "
+         "too; the origin's SYN-ACK becomes that very SYN again (MACs, IP fields, options), redirected to the "
+         "opener's ingress; there it goes to the listener (refused in a test run: fail open)", [
+        honest(),
+        Send("access1", H_SYN, TC_ACT_OK, counters=cnt(syns_probed=1)),
+        expect_syn((CLIENT1, 40170, SERVER1, 80, 1), "probing"),
+        Send("access1", H_SYN, TC_ACT_OK),
+        Send("origin1", reply1(80, 40170, opts=(("MSS", 1400), ("SAckOK", b"")), tos=0x48), TC_ACT_REDIRECT,
+             H_SYN, cnt(origin_accepted=1)),
+        expect_syn((CLIENT1, 40170, SERVER1, 80, 1), "accepted"),
+        expect_marks((CLIENT1, 40170, SERVER1, 80, 1), (0x88, 0x48, 0)),
+        # The origin's SYN-ACK again (it had the SYN twice): the RST again, back out, never to the opener.
+        Send("origin1", reply1(80, 40170, opts=(("MSS", 1400),)), TC_ACT_REDIRECT,
+             Ether(src=S_IN_MAC[1], dst=HOST_MAC[SERVER1]) / IP(src=CLIENT1, dst=SERVER1)
+             / TCP(sport=40170, dport=80, flags="R", seq=1001, window=0)),
+        Send("access1", H_SYN, TC_ACT_REDIRECT, fwd(H_SYN), ASSIGN_REFUSED),
+        expect_syn((CLIENT1, 40170, SERVER1, 80, 1), None)]),
+    Case("honest-refused", "the origin's RST answering the probe goes on to the opener (routed by the stack); "
+         "the record goes", [
+        honest(),
+        Send("access1", syn1(40171), TC_ACT_OK, counters=cnt(syns_probed=1)),
+        Send("origin1", reply1(80, 40171, flags="RA", seq=0), TC_ACT_OK, counters=cnt(origin_refused=1)),
+        expect_syn((CLIENT1, 40171, SERVER1, 80, 1), None)]),
+    Case("honest-ecn", "ECE and CWR of the rebuilt SYN: kept when the origin agreed to ECN (ECE without "
+         "CWR), dropped when it did not", [
+        honest(),
+        Send("access1", syn1(40172, flags="SEC"), TC_ACT_OK, counters=cnt(syns_probed=1)),
+        Send("origin1", reply1(80, 40172, flags="SAE"), TC_ACT_REDIRECT, syn1(40172, flags="SEC"),
+             cnt(origin_accepted=1)),
+        Send("access1", syn1(40173, flags="SEC"), TC_ACT_OK, counters=cnt(syns_probed=1)),
+        Send("origin1", reply1(80, 40173, flags="SA"), TC_ACT_REDIRECT, syn1(40173, flags="S"),
+             cnt(origin_accepted=1)),
+        expect_marks((CLIENT1, 40173, SERVER1, 80, 1), (0, 0, fm.MARK_F_SUB_ECN))]),
+    Case("honest-v6", "IPv6 (slot 0 made ASSIGN and HONEST): the rebuilt SYN has the opener's traffic class, "
+         "flow label and hop limit", [
+        graph_flags(0, G0["flags"] | fm.GRAPH_F_ASSIGN | fm.GRAPH_F_HONEST, LPORT0),
+        Send("access", H_SYN6, TC_ACT_OK, counters=cnt(syns_probed=1)),
+        Send("origin", reply(80, 40174, src=SERVER6, dst=CLIENT6, ttl=57), TC_ACT_REDIRECT, H_SYN6,
+             cnt(origin_accepted=1))]),
+    Case("honest-not-probed", "a SYN with data (Fast Open) is not probed: to the listener at once", [
+        honest(),
+        Send("access1", syn1(40175) / b"GET /", TC_ACT_REDIRECT, fwd(syn1(40175) / b"GET /"), ASSIGN_REFUSED)]),
+    Case("honest-probe-failed", "an answer that cannot be rewritten (a SYN-ACK with data) makes the flow end "
+         "to end: bypass_failopen, the answer forwarded", [
+        honest(),
+        Send("access1", syn1(40176), TC_ACT_OK, counters=cnt(syns_probed=1)),
+        Send("origin1", reply1(80, 40176) / b"x", TC_ACT_REDIRECT, fwd(reply1(80, 40176) / b"x"),
+             cnt(probe_failed=1, flows_bypass_failopen=1, pkts_bypassed=1))],
+        flows=[Flow(CLIENT1, 40176, SERVER1, 80, "flows_new", "bypass_failopen", state="synack_seen", graph=1)]),
+    Case("honest-other-ack", "a SYN-ACK acking another ISN is not the probe's answer", [
+        honest(),
+        Send("access1", syn1(40177), TC_ACT_OK, counters=cnt(syns_probed=1)),
+        Send("origin1", reply1(80, 40177, ack=4242), TC_ACT_OK, counters=NO_FLOW),
+        expect_syn((CLIENT1, 40177, SERVER1, 80, 1), "probing")]),
     # -- marks carried across the split (flow_marks.h): made at the SYN, kept from each end, applied out
     Case("marks-syn", "a proxied SYN with DSCP AF41 (TOS 0x88) that asks ECN (ECE, CWR) leaves its marks; a "
          "plain SYN on the same 4-tuple later takes them away", [
@@ -941,6 +1013,12 @@ class FlowDatapath:
             raw = m.lookup(fm.flow_key(*flow))
         return fm.FLOW_MARKS.unpack(raw) if raw is not None else None
 
+    def syn_state(self, *flow) -> str | None:
+        """The state of flow's honest-handshake record (flow_key's arguments), or None."""
+        with fm.open_map(self.pins, "syns") as m:
+            raw = m.lookup(fm.flow_key(*flow))
+        return fm.SYN_STATES[fm.FLOW_SYN.unpack(raw)[1]] if raw is not None else None
+
     def set_marks(self, flow: tuple, sub_dscp: int, org_dscp: int, flags: int) -> None:
         with fm.open_map(self.pins, "marks") as m:
             m.update(fm.flow_key(*flow), fm.FLOW_MARKS.pack(sub_dscp, org_dscp, flags))
@@ -965,7 +1043,7 @@ class FlowDatapath:
         """What every case starts from: no rule, no flow, slots 0 and 1 as G0 and G1, slot 2 unset,
         the two graph listeners open and no other."""
         for name in ("bypass_client4", "bypass_server4", "bypass_client6", "bypass_server6", "bypass_ports",
-                     "intercept_ports", "graph_addrs", "flows_new", "flows", "marks", "measured"):
+                     "intercept_ports", "graph_addrs", "flows_new", "flows", "syns", "marks", "measured"):
             with fm.open_map(self.pins, name) as m:
                 for key in list(m.keys()):
                     m.delete(key, missing_ok=True)
@@ -1224,6 +1302,7 @@ def test_maps_match_contract(flowdp):
         "bypass_server6": (lpm, fm.LPM6_KEY.size, 4, 1048576, no_prealloc),
         "flows_new": (lru, fm.FLOW_KEY.size, fm.FLOW_NEW.size, 262144, 0),
         "flows": (hash_, fm.FLOW_KEY.size, fm.FLOW_EST.size, 1048576, no_prealloc),
+        "syns": (lru, fm.FLOW_KEY.size, fm.FLOW_SYN.size, 262144, 0),
         "marks": (lru, fm.FLOW_KEY.size, fm.FLOW_MARKS.size, 262144, 0),
         "measured": (lru, fm.FLOW_KEY.size, 40, 65536, 0),
         "flow_records": (queue, 0, experiment.FLOW_RECORD.size, 65536, 0),

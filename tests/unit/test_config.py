@@ -500,12 +500,14 @@ def test_defaults():
     p = g.proxy
     assert (p.enabled, p.interception, p.listen_port, p.splice, p.mode) == (True, "bpf", 50080, "both", "tcp")
     assert (p.maxconn, p.log_connections) == (0, False)
-    assert (p.source_port, p.mptcp) == ("kept", "bypass"), "issue 26: the client's port kept, MPTCP end to end"
+    assert (p.source_port, p.mptcp, p.handshake) == ("kept", "bypass", "honest"), \
+        "issue 26: the client's port kept, MPTCP end to end, the origin answers first"
     assert (h.supervisor, h.threads, h.maxconn, h.metrics_address, h.metrics_port) == ("auto", 0, 0, "127.0.0.1", 9101)
     assert p.ports == ((80, 80), (443, 443))
 
 
-@pytest.mark.parametrize("key,good,bad", [("source_port", "any", "client"), ("mptcp", "proxy", "terminate")])
+@pytest.mark.parametrize("key,good,bad", [("source_port", "any", "client"), ("mptcp", "proxy", "terminate"),
+                                          ("handshake", "early", "late")])
 def test_transparency_keys(key, good, bad):
     """Each key of issue 26 takes its choices and names them when given another."""
     cfg = parse(edit(("ports = [80, 443]", f'ports = [80, 443]\n{key} = "{good}"')), PATH)
@@ -513,6 +515,14 @@ def test_transparency_keys(key, good, bad):
     (e,) = errors_of(edit(("ports = [80, 443]", f'ports = [80, 443]\n{key} = "{bad}"')))
     assert (e.field, e.line) == (f"graph[0].proxy.{key}", 15), e
     assert all(f'"{c}"' in e.message for c in ENUMS[key]), e.message
+
+
+def test_honest_handshake_needs_bpf():
+    """handshake defaults to honest in mode bpf and early in the others; honest elsewhere is an error."""
+    nft = parse(edit(("ports = [80, 443]", 'ports = [80, 443]\ninterception = "nft"')), PATH)
+    assert nft.graphs[0].proxy.handshake == "early"
+    (e,) = errors_of(edit(("ports = [80, 443]", 'ports = [80, 443]\ninterception = "nft"\nhandshake = "honest"')))
+    assert e.field == "graph[0].proxy.handshake" and 'interception = "bpf"' in e.message, e
 
 
 def test_all_ports_and_default_name():

@@ -53,12 +53,13 @@ def test_counters_match_header_enum():
 def test_verdicts_sides_states_match_header():
     assert {v: k.removeprefix("VERDICT_").lower() for k, v in _enum("flow_verdict").items()} == fm.VERDICTS
     assert {v: k.removeprefix("FLOW_").lower() for k, v in _enum("flow_state").items()} == fm.STATES
+    assert {v: k.removeprefix("SYN_").lower() for k, v in _enum("syn_state").items()} == fm.SYN_STATES
     assert _enum("flow_side") == {"SIDE_ACCESS": fm.SIDE_ACCESS, "SIDE_ORIGIN": fm.SIDE_ORIGIN}
 
 
 def test_flags_and_constants_match_header():
     for name in ("GRAPH_F_ENABLED", "GRAPH_F_ASSIGN", "GRAPH_F_ALL_PORTS", "GRAPH_F_ORIGIN_SYNS", "GRAPH_F_MEASURE",
-                 "GRAPH_F_PROXY_MPTCP", "GRAPH_F_KEEP_PORT", "MARK_F_SUB_ECN", "MARK_F_ORG_RESET"):
+                 "GRAPH_F_PROXY_MPTCP", "GRAPH_F_KEEP_PORT", "GRAPH_F_HONEST", "MARK_F_SUB_ECN", "MARK_F_ORG_RESET"):
         assert _define(name) == getattr(fm, name), f"{name}: header {_define(name):#x}, pepctl {getattr(fm, name):#x}"
     assert _define("PEP_GRAPHS_MAX") == fm.GRAPHS_MAX
     assert _define("PEP_IFINDEX_BASE") == fm.IFINDEX_BASE
@@ -82,11 +83,13 @@ STRUCTS = {
     "flow_new": ("verdict", "syn_seq", "synack_seq", "opener", "state", "pad", "first_seen_ns"),
     "flow_est": ("verdict", "syn_seq", "first_seen_ns", "last_seen_ns", "fins", "closing", "pad", "timer"),
     "flow_marks": ("sub_dscp", "org_dscp", "flags", "pad"),
+    "flow_syn": ("syn_seq", "state", "opener", "tcp_flags", "opt_len", "window", "ttl", "tos", "ip_word", "macs",
+                 "opts", "pad", "first_seen_ns"),
     "flow_record": ("key", "start_ns", "last_ack_ns", "bytes_down", "bytes_up", "group", "closed_by", "pad"),
 }
 FORMATS = {"graph_config": fm.GRAPH_CONFIG, "port_key": fm.PORT_KEY, "addr_key": fm.ADDR_KEY,
            "lpm4_key": fm.LPM4_KEY, "lpm6_key": fm.LPM6_KEY, "flow_key": fm.FLOW_KEY, "flow_new": fm.FLOW_NEW,
-           "flow_est": fm.FLOW_EST, "flow_marks": fm.FLOW_MARKS, "flow_record": experiment.FLOW_RECORD}
+           "flow_est": fm.FLOW_EST, "flow_marks": fm.FLOW_MARKS, "flow_syn": fm.FLOW_SYN, "flow_record": experiment.FLOW_RECORD}
 
 
 def _layout_c() -> str:
