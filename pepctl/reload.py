@@ -1,9 +1,9 @@
 """`pepctl reload`: apply a changed config without dropping a connection.
 
 What may change live: each graph's [graph.proxy] settings (splice, mode, maxconn, logging, the
-intercepted ports, listen_port in modes bpf and nft, source_port, mptcp, handshake) and [graph.bypass], and HAProxy's own
-[host] settings (threads, maxconn, metrics). The flow maps and the nft tables are updated in
-place; HAProxy gets its new config through its supervisor, which starts a new HAProxy that
+intercepted ports, listen_port in modes bpf and nft, source_port, mptcp, handshake) and
+[graph.bypass], and HAProxy's own [host] settings (threads, maxconn, metrics). The flow maps and
+the nft tables are updated in place; HAProxy gets its new config through its supervisor, which starts a new HAProxy that
 takes the listening sockets over and lets the old one finish its connections: no connection
 of any graph is touched, changed or not. Anything structural (VLANs, addresses, graphs,
 interception mode, NIC, folders) needs `down` then `up`; reload says so and changes nothing.

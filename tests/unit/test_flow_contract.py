@@ -89,7 +89,8 @@ STRUCTS = {
 }
 FORMATS = {"graph_config": fm.GRAPH_CONFIG, "port_key": fm.PORT_KEY, "addr_key": fm.ADDR_KEY,
            "lpm4_key": fm.LPM4_KEY, "lpm6_key": fm.LPM6_KEY, "flow_key": fm.FLOW_KEY, "flow_new": fm.FLOW_NEW,
-           "flow_est": fm.FLOW_EST, "flow_marks": fm.FLOW_MARKS, "flow_syn": fm.FLOW_SYN, "flow_record": experiment.FLOW_RECORD}
+           "flow_est": fm.FLOW_EST, "flow_marks": fm.FLOW_MARKS, "flow_syn": fm.FLOW_SYN,
+           "flow_record": experiment.FLOW_RECORD}
 
 
 def _layout_c() -> str:
