@@ -56,7 +56,8 @@ LOG_MAX_BYTES = 256 << 20       # the experiment log is rotated to .1 beyond thi
 FLOW_VERDICTS = {"flows_proxied": "proxied", "flows_bypass_rule": "bypass_rule",
                  "flows_bypass_failopen": "bypass_failopen", "flows_bypass_control": "bypass_control",
                  "flows_not_intercepted": "not_intercepted", "syn_to_self": "syn_to_self",
-                 "flows_bypass_mptcp": "bypass_mptcp", "flows_bypass_busy": "bypass_busy"}
+                 "flows_bypass_mptcp": "bypass_mptcp", "flows_bypass_busy": "bypass_busy",
+                 "flows_bypass_overload": "bypass_overload"}
 PACKET_REASONS = {"pkts_bypassed": "bypassed", "pkts_ttl_expired": "ttl_expired", "pkts_fib_miss": "fib_miss",
                   "pkts_not_tcp": "not_tcp", "pkts_no_flow": "no_flow", "pkts_assigned": "assigned",
                   "pkts_syncookie": "syncookie"}

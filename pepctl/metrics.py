@@ -10,7 +10,8 @@ Label values:
   direction  steering: in (NIC -> graph), out (graph -> NIC); proxy bytes: in (from clients),
              out (to clients)
   verdict    flows decided on their first SYN (tc/pep_flow.h): proxied, bypass_rule,
-             bypass_failopen, bypass_control, bypass_mptcp, bypass_busy, not_intercepted, syn_to_self
+             bypass_failopen, bypass_control, bypass_mptcp, bypass_busy, bypass_overload,
+             not_intercepted, syn_to_self
   reason     steering's trunk reasons (tc/pep_steer.h) and the datapath's packet reasons
   group      the experiment's groups: treated (proxied), control (bypassed)
   size       the experiment's flow size classes (pepctl/experiment.py SIZE_CLASSES)

@@ -25,7 +25,7 @@ from . import config as configmod
 from .config import Config, ConfigError, FieldError
 from .hostinfo import HostInfo
 from .names import graph_names, in_netns, instance_names
-from .plan import flow_flags, haproxy_check_argv, haproxy_config
+from .plan import connection_limits, flow_flags, haproxy_check_argv, haproxy_config
 from .render_nft import render_nft
 from .runner import Journal, StepError, read_pid, run, wait_for, write_file
 
@@ -93,6 +93,7 @@ def reload(cfg: Config, info: HostInfo, journal: Journal, config_text: str, dige
             print(f"pepctl reload: the new HAProxy config is invalid: {check.stderr.strip()}; nothing was changed",
                   file=sys.stderr)
             return 1
+    total, limits = connection_limits(cfg, info)
     for g, o in zip(cfg.graphs, old.graphs, strict=True):
         if not g.proxy.enabled:
             continue
@@ -103,7 +104,7 @@ def reload(cfg: Config, info: HostInfo, journal: Journal, config_text: str, dige
         flags, listen, control = flow_flags(g)
         # New ports first, then the flags: a port is never left neither intercepted nor routed.
         flow_maps.set_intercept_ports(n.flow_pins, gn.slot, o.proxy.ports or (), g.proxy.ports or ())
-        flow_maps.set_flags(n.flow_pins, gn.slot, flags, listen, control)
+        flow_maps.set_flags(n.flow_pins, gn.slot, flags, listen, control, (limits[g.name], total))
         added, removed = bypass.sync(cfg, g, bypass.config_rules(o.bypass))
         print(f"  graph {g.name}: flow maps updated; {added} bypass rule(s) installed, {removed} removed", file=out)
     if cfg.routing is not None and cfg.routing != old.routing:

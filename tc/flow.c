@@ -18,6 +18,8 @@
  *     on the origin side (port kept)
  *   4 no proxy listener, or (mode   BYPASS_FAILOPEN: remembered, forwarded here
  *     bpf) the hand-over refused
+ *  4b the proxy is full: its accept  BYPASS_OVERLOAD: remembered, forwarded here
+ *     queue, or maxconn connections
  *   5 otherwise                     PROXY: TC_ACT_OK (mode bpf: handed to the
  *                                   listener), not remembered
  *
@@ -73,6 +75,8 @@ static __always_inline int where_from(__u32 ifindex, struct where *w)
 	w->listen_port = g->listen_port;
 	w->control_below = g->control_below;
 	w->control_seed = g->control_seed;
+	w->maxconn = g->maxconn;
+	w->host_maxconn = g->host_maxconn;
 	return 0;
 }
 
@@ -140,6 +144,23 @@ static __always_inline int rule_hit(const struct flow_key *k, const struct where
 	return present(bpf_map_lookup_elem(&bypass_ports, &pk));
 }
 
+/* Step 4b: whether the proxy could take a new connection now. Its listener
+ * (a reference the caller holds): its accept queue. The graph, and the
+ * instance: their connections (conns) against their maxconn. */
+static __always_inline int overloaded(struct bpf_sock *listener, const struct where *w)
+{
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(listener);
+	__u32 all = PEP_GRAPHS_MAX, slot = w->slot;
+	__u64 *n;
+
+	/* Full as the kernel judges it (sk_acceptq_is_full): it would drop the handshake's last ACK. */
+	if (tp && tp->inet_conn.icsk_inet.sk.sk_ack_backlog > tp->inet_conn.icsk_inet.sk.sk_max_ack_backlog)
+		return 1;
+	if (w->maxconn && (n = bpf_map_lookup_elem(&conns, &slot)) && *n >= w->maxconn)
+		return 1;
+	return w->host_maxconn && (n = bpf_map_lookup_elem(&conns, &all)) && *n >= w->host_maxconn;
+}
+
 /* to_proxy's answer when a listener would take the SYN but the origin is to
  * answer it first (the honest handshake): not a verdict of the contract. */
 #define VERDICT_PROBE 0x100
@@ -174,6 +195,10 @@ static __always_inline __u32 to_proxy(struct __sk_buff *skb, const struct tcp_pk
 
 	if (!sk)
 		return VERDICT_BYPASS_FAILOPEN;  /* the proxy is down: fail open */
+	if (overloaded(sk, w)) {
+		bpf_sk_release(sk);
+		return VERDICT_BYPASS_OVERLOAD;
+	}
 	if (probe) {
 		bpf_sk_release(sk);
 		return VERDICT_PROBE;
@@ -272,6 +297,8 @@ static __always_inline __u32 verdict_counter(__u32 verdict)
 		return CNT_FLOWS_BYPASS_MPTCP;
 	if (verdict == VERDICT_BYPASS_BUSY)
 		return CNT_FLOWS_BYPASS_BUSY;
+	if (verdict == VERDICT_BYPASS_OVERLOAD)
+		return CNT_FLOWS_BYPASS_OVERLOAD;
 	return CNT_FLOWS_BYPASS_FAILOPEN;
 }
 
@@ -664,4 +691,54 @@ int flow_egress(struct __sk_buff *skb)
 			count(w.slot, CNT_RESETS_TO_SUB);
 	}
 	return TC_ACT_OK;
+}
+
+/* flow_conns (sock_ops, on the root of the host's cgroup v2 hierarchy): each
+ * graph's connections, for step 4b (pep_flow.h, conns). Every socket of the
+ * host comes by; only those of a graph's namespace are counted: from the end
+ * of an accepted connection's handshake to its close. It always lets the
+ * socket be (returns 1) and sets no reply. */
+SEC("sockops")
+int flow_conns(struct bpf_sock_ops *ops)
+{
+	struct bpf_sock *sk = ops->sk;
+	__u32 all = PEP_GRAPHS_MAX, *slot, at;
+	struct conn_tag *tag;
+	__u64 cookie, *n;
+
+	if (!sk)
+		return 1;
+	if (ops->op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB) {
+		cookie = bpf_get_netns_cookie(ops);
+		slot = bpf_map_lookup_elem(&netns_slots, &cookie);
+		if (!slot)
+			return 1;
+		at = *slot;
+		tag = bpf_sk_storage_get(&conn_tags, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+		if (!tag || at >= PEP_GRAPHS_MAX)
+			return 1;   /* no memory for the tag: not counted, so never uncounted either */
+		tag->slot1 = at + 1;
+		n = bpf_map_lookup_elem(&conns, &at);
+		if (n)
+			__sync_fetch_and_add(n, 1);
+		n = bpf_map_lookup_elem(&conns, &all);
+		if (n)
+			__sync_fetch_and_add(n, 1);
+		bpf_sock_ops_cb_flags_set(ops, ops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+		return 1;
+	}
+	if (ops->op != BPF_SOCK_OPS_STATE_CB || ops->args[1] != BPF_TCP_CLOSE)
+		return 1;
+	tag = bpf_sk_storage_get(&conn_tags, sk, 0, 0);
+	if (!tag || !tag->slot1)
+		return 1;
+	at = tag->slot1 - 1;
+	tag->slot1 = 0;
+	n = bpf_map_lookup_elem(&conns, &at);
+	if (n)
+		__sync_fetch_and_add(n, -1);
+	n = bpf_map_lookup_elem(&conns, &all);
+	if (n)
+		__sync_fetch_and_add(n, -1);
+	return 1;
 }

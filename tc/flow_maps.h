@@ -129,6 +129,27 @@ struct {
 } flow_records SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, PEP_GRAPHS_MAX);
+	__type(key, __u64);                  /* netns cookie */
+	__type(value, __u32);                /* graph slot */
+} netns_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, PEP_GRAPHS_MAX + 1);
+	__type(key, __u32);                  /* graph slot; PEP_GRAPHS_MAX: all graphs */
+	__type(value, __u64);
+} conns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);  /* the kernel requires it of socket storage */
+	__type(key, int);
+	__type(value, struct conn_tag);
+} conn_tags SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, PEP_GRAPHS_MAX * CNT_MAX);
 	__type(key, __u32);                  /* graph slot * CNT_MAX + enum flow_counter */

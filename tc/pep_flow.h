@@ -43,6 +43,10 @@
  *      own port when listen_port is 0): BYPASS_FAILOPEN. This is the fail-open:
  *      the moment HAProxy dies its listeners are gone, and new flows are
  *      forwarded, with no process or polling in between;
+ *   4b. the proxy could not take the flow now: the listener's accept queue
+ *      is full, or the graph (or the instance) holds maxconn connections
+ *      (conns, counted by flow_conns as the kernel opens and closes them):
+ *      BYPASS_OVERLOAD, so that a flow never waits for HAProxy to make room;
  *   5. otherwise PROXY. With GRAPH_F_ASSIGN (interception mode `bpf`) the SYN
  *      is handed to the listener (bpf_sk_assign) and marked PEP_LOCAL_MARK,
  *      which one policy rule routes to the local table; a failed hand-over
@@ -109,6 +113,8 @@ struct graph_config {
 	__u16 pad;
 	__u32 control_below;  /* the control group: clients whose client_hash() is below; 0: none */
 	__u32 control_seed;   /* the seed of client_hash(): another seed draws another share */
+	__u32 maxconn;        /* the graph's connections at which new flows go end to end; 0: no limit */
+	__u32 host_maxconn;   /* the same for all of the instance's graphs together; 0: no limit */
 };
 
 #define GRAPH_F_ENABLED     0x1  /* the slot is in use */
@@ -169,6 +175,7 @@ enum flow_verdict {
 	VERDICT_BYPASS_CONTROL = 4,   /* the subscriber is in the control group */
 	VERDICT_BYPASS_MPTCP = 5,     /* the SYN carries an MPTCP option: multipath end to end */
 	VERDICT_BYPASS_BUSY = 6,      /* the client's port is taken on the proxy's origin side */
+	VERDICT_BYPASS_OVERLOAD = 7,  /* the proxy cannot take another connection now */
 };
 
 enum flow_state {
@@ -235,6 +242,22 @@ struct flow_syn {
 	__u64 first_seen_ns;
 };
 
+/* The proxy's connections, for step 4b: flow_conns, a sock_ops program
+ * attached to the root of the host's cgroup v2 hierarchy (every socket's),
+ * counts each connection accepted in a graph's namespace from its handshake's
+ * end (PASSIVE_ESTABLISHED) to its close (the STATE callback, TCP_CLOSE).
+ * That is HAProxy's own count (accept() to close()) plus connections waiting
+ * in the accept queue and closing ones: never less, so the datapath bypasses
+ * no later than HAProxy would stop accepting.
+ *   netns_slots  HASH netns cookie (__u64) -> graph slot (__u32), by pepctl
+ *   conns        ARRAY[PEP_GRAPHS_MAX + 1] of __u64: per slot, and the sum
+ *                of all at PEP_GRAPHS_MAX
+ *   conn_tags    SK_STORAGE conn_tag: a counted socket's slot, so its close
+ *                is counted once */
+struct conn_tag {
+	__u32 slot1;          /* the slot + 1; 0: not counted (any more) */
+};
+
 /* flows_new: LRU_HASH flow_key -> flow_new. */
 struct flow_new {
 	__u32 verdict;        /* enum flow_verdict (a bypass) */
@@ -296,6 +319,7 @@ enum flow_counter {
 	CNT_ORIGIN_ACCEPTED,        /* honest: SYN-ACKs made the origin's RST and the opener's SYN to the listener */
 	CNT_ORIGIN_REFUSED,         /* honest: RSTs answering a probe, passed on to the opener */
 	CNT_PROBE_FAILED,           /* honest: answers not rewritten: the flow went end to end (bypass_failopen) */
+	CNT_FLOWS_BYPASS_OVERLOAD,  /* first SYNs decided BYPASS_OVERLOAD */
 	CNT_MAX
 };
 

@@ -323,6 +323,41 @@ def expect_marks(flow: tuple, want: tuple | None) -> Do:
     return Do(f"marks of {flow} are {want}", check)
 
 
+def conns(slot: int, n: int) -> Do:
+    """flow_conns' count of slot (GRAPHS_MAX: all graphs) set to n, as if it had counted them."""
+    def write(dp):
+        with fm.open_map(dp.pins, "conns") as m:
+            m.update(fm.U32.pack(slot), fm.U64.pack(n))
+    return Do(f"conns[{slot}] = {n}", write)
+
+
+def limits(slot: int, maxconn: int, host_maxconn: int) -> Do:
+    g = {0: G0, 1: G1}[slot]
+    return Do(f"slot {slot}: maxconn {maxconn}, host_maxconn {host_maxconn}",
+              lambda dp: fm.set_flags(dp.pins, slot, g["flags"], g["listen_port"], limits=(maxconn, host_maxconn)))
+
+
+def _full_queue(port: int) -> list[socket.socket]:
+    """A listener on port with backlog 0 and a connection waiting in its accept queue: full (the
+    kernel would drop the next handshake's last ACK). Returns the sockets."""
+    lis = socket.socket(socket.AF_INET6)
+    lis.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    lis.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    lis.bind(("::", port))
+    lis.listen(0)
+    cli = socket.socket()
+    cli.settimeout(5)
+    cli.connect(("198.18.0.1", port))
+    return [lis, cli]
+
+
+def full_queue(port: int) -> Do:
+    def make(dp):
+        dp.unlisten(port)
+        dp.owned.extend(dp.run_in_ns(_full_queue, port))
+    return Do(f"listener {port} with a full accept queue", make)
+
+
 def expect_syn(flow: tuple, want: str | None) -> Do:
     def check(dp):
         got = dp.syn_state(*flow)
@@ -534,6 +569,28 @@ CASES = [
         Send("access", ack(40021), TC_ACT_REDIRECT, fwd(ack(40021)), PROMOTED),
         Send("access", syn(40022), TC_ACT_OK, counters=NEW_PROXY)],
         flows=[Flow(CLIENT, 40021, SERVER, 80, "flows", "bypass_failopen"), Flow(CLIENT, 40022, SERVER, 80, None)]),
+    # -- 4b. the proxy cannot take the flow now: end to end from its first SYN
+    Case("overload-maxconn", "slot 0 at its maxconn (conns counted by flow_conns): BYPASS_OVERLOAD, forwarded "
+         "and remembered; one connection fewer: proxied", [
+        limits(0, 3, 0),
+        conns(0, 3),
+        Send("access", syn(40180), TC_ACT_REDIRECT, fwd(syn(40180)), cnt(flows_bypass_overload=1, pkts_bypassed=1)),
+        Send("origin", reply(80, 40180), TC_ACT_REDIRECT, fwd(reply(80, 40180)), BYPASSED),
+        conns(0, 2),
+        Send("access", syn(40181), TC_ACT_OK, counters=NEW_PROXY),
+        Send("access", ack(40180), TC_ACT_REDIRECT, fwd(ack(40180)), PROMOTED)],
+        flows=[Flow(CLIENT, 40180, SERVER, 80, "flows", "bypass_overload", state="established")]),
+    Case("overload-host", "all graphs together at the instance's maxconn: BYPASS_OVERLOAD; no limit (0): "
+         "proxied", [
+        limits(0, 0, 10),
+        conns(fm.GRAPHS_MAX, 10),
+        Send("access", syn(40182), TC_ACT_REDIRECT, fwd(syn(40182)), cnt(flows_bypass_overload=1, pkts_bypassed=1)),
+        limits(0, 0, 0),
+        Send("access", syn(40183), TC_ACT_OK, counters=NEW_PROXY)]),
+    Case("overload-accept-queue", "a listener whose accept queue is full (read through CO-RE): BYPASS_OVERLOAD", [
+        full_queue(LPORT0),
+        Send("access", syn(40184), TC_ACT_REDIRECT, fwd(syn(40184)), cnt(flows_bypass_overload=1, pkts_bypassed=1))],
+        flows=[Flow(CLIENT, 40184, SERVER, 80, "flows_new", "bypass_overload")]),
     Case("listen-port-0", "listen_port 0: the listener looked for is on the SYN's own port", [
         graph_flags(0, fm.GRAPH_F_ENABLED, 0),
         Send("access", syn(40024), TC_ACT_REDIRECT, fwd(syn(40024)), FAILOPEN),
@@ -1043,12 +1100,16 @@ class FlowDatapath:
         """What every case starts from: no rule, no flow, slots 0 and 1 as G0 and G1, slot 2 unset,
         the two graph listeners open and no other."""
         for name in ("bypass_client4", "bypass_server4", "bypass_client6", "bypass_server6", "bypass_ports",
-                     "intercept_ports", "graph_addrs", "flows_new", "flows", "syns", "marks", "measured"):
+                     "intercept_ports", "graph_addrs", "flows_new", "flows", "syns", "marks", "measured",
+                     "netns_slots"):
             with fm.open_map(self.pins, name) as m:
                 for key in list(m.keys()):
                     m.delete(key, missing_ok=True)
         self.records()
         self.seen.clear()
+        with fm.open_map(self.pins, "conns") as m:
+            for slot in (0, 1, fm.GRAPHS_MAX):
+                m.update(fm.U32.pack(slot), fm.U64.pack(0))
         fm.set_graph(self.pins, 0, **G0)
         fm.set_graph(self.pins, 1, **G1)
         fm.set_flags(self.pins, 2, 0, 0)
@@ -1307,6 +1368,8 @@ def test_maps_match_contract(flowdp):
         "measured": (lru, fm.FLOW_KEY.size, 40, 65536, 0),
         "flow_records": (queue, 0, experiment.FLOW_RECORD.size, 65536, 0),
         "flow_stats": (percpu_array, 4, 8, fm.GRAPHS_MAX * len(fm.COUNTERS), 0),
+        "netns_slots": (hash_, 8, 4, fm.GRAPHS_MAX, 0),
+        "conns": (array, 4, 8, fm.GRAPHS_MAX + 1, 0),
     }
     got = {}
     for name in fm.MAPS:

@@ -74,7 +74,8 @@ def test_flags_and_constants_match_header():
 
 # Every struct of the header, and each field's offset and size.
 STRUCTS = {
-    "graph_config": ("flags", "listen_port", "pad", "control_below", "control_seed"),
+    "graph_config": ("flags", "listen_port", "pad", "control_below", "control_seed", "maxconn", "host_maxconn"),
+    "conn_tag": ("slot1",),
     "port_key": ("graph", "port"),
     "addr_key": ("graph", "addr"),
     "lpm4_key": ("prefixlen", "graph", "addr"),
@@ -87,7 +88,7 @@ STRUCTS = {
                  "opts", "pad", "first_seen_ns"),
     "flow_record": ("key", "start_ns", "last_ack_ns", "bytes_down", "bytes_up", "group", "closed_by", "pad"),
 }
-FORMATS = {"graph_config": fm.GRAPH_CONFIG, "port_key": fm.PORT_KEY, "addr_key": fm.ADDR_KEY,
+FORMATS = {"graph_config": fm.GRAPH_CONFIG, "conn_tag": fm.CONN_TAG, "port_key": fm.PORT_KEY, "addr_key": fm.ADDR_KEY,
            "lpm4_key": fm.LPM4_KEY, "lpm6_key": fm.LPM6_KEY, "flow_key": fm.FLOW_KEY, "flow_new": fm.FLOW_NEW,
            "flow_est": fm.FLOW_EST, "flow_marks": fm.FLOW_MARKS, "flow_syn": fm.FLOW_SYN,
            "flow_record": experiment.FLOW_RECORD}
@@ -234,9 +235,9 @@ def test_control_share_is_close_to_the_fraction():
 
 
 def test_graph_config_encoding():
-    assert fm.graph_config(fm.GRAPH_F_ENABLED | fm.GRAPH_F_ASSIGN, 50080, 7, 9) == (
+    assert fm.graph_config(fm.GRAPH_F_ENABLED | fm.GRAPH_F_ASSIGN, 50080, 7, 9, 4011, 70000) == (
         (3).to_bytes(4, "little") + (50080).to_bytes(2, "little") + bytes(2) + (7).to_bytes(4, "little")
-        + (9).to_bytes(4, "little"))
+        + (9).to_bytes(4, "little") + (4011).to_bytes(4, "little") + (70000).to_bytes(4, "little"))
     with pytest.raises(ValueError, match="70000"):
         fm.graph_config(fm.GRAPH_F_ENABLED, 70000)
 
