@@ -340,12 +340,13 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 	if (verdict == VERDICT_PROBE) {
 		/* On to the origin through the stack's routing, as routed. */
 		syn_record(skb, k, p, o, w->side, 0);
+		marks_syn(k, p, o);
 		count(w->slot, CNT_SYNS_PROBED);
 		measure_start(k, p, w, GROUP_TREATED);
 		return TC_ACT_OK;
 	}
 	if (verdict == VERDICT_PROXY) {
-		marks_syn(k, p);
+		marks_syn(k, p, o);
 		measure_start(k, p, w, GROUP_TREATED);
 		return TC_ACT_OK;
 	}
@@ -522,7 +523,7 @@ static __always_inline int syn_answered(struct __sk_buff *skb, struct tcp_pkt *p
 					const struct flow_key *k)
 {
 	struct flow_syn *r = bpf_map_lookup_elem(&syns, k);
-	struct flow_marks m = {};
+	struct craft_buf *b = craft_buf();
 	struct flow_new n = {};
 	__u8 syn_flags = TCP_FLAG_SYN;
 	int err;
@@ -541,19 +542,17 @@ static __always_inline int syn_answered(struct __sk_buff *skb, struct tcp_pkt *p
 		count(w->slot, CNT_ORIGIN_REFUSED);
 		return TC_ACT_OK;   /* refused: the stack routes the RST on to the opener */
 	}
-	if (!is_syn_ack(p))
+	if (!is_syn_ack(p) || !b)
 		return -1;
 	/* ECN toward the opener as the origin answered it (RFC 3168: ECE
 	 * without CWR); toward the origin as the opener asked. */
-	if ((r->tcp_flags & ECN_SETUP) == ECN_SETUP) {
-		m.flags = MARK_F_SUB_ECN;
-		if ((p->flags & ECN_SETUP) == TCP_FLAG_ECE)
-			syn_flags |= ECN_SETUP;
+	if ((r->tcp_flags & ECN_SETUP) == ECN_SETUP && (p->flags & ECN_SETUP) == TCP_FLAG_ECE)
+		syn_flags |= ECN_SETUP;
+	err = read_syn_opts(skb, p, &b->opts) ? 1 : 0;
+	if (!err) {
+		marks_answer(k, p, &b->opts);
+		err = syn_rebuild(skb, p, r, syn_flags, !b->opts.has_sack, !b->opts.has_ts);
 	}
-	m.sub_dscp = (p->family == 4 ? r->tos : bpf_ntohl(r->ip_word) >> 20) & DSCP_MASK;
-	m.org_dscp = dscp_of(p);
-	bpf_map_update_elem(&marks, k, &m, BPF_ANY);
-	err = syn_rebuild(skb, p, r, syn_flags);
 	if (err < 0)
 		return TC_ACT_SHOT;   /* half-made: the origin sends its SYN-ACK again, or the opener its SYN */
 	if (err) {
@@ -674,12 +673,17 @@ int flow_egress(struct __sk_buff *skb)
 		if (is_first_syn(&p) && (p.flags & (TCP_FLAG_ECE | TCP_FLAG_CWR)) &&
 		    (!m || !(m->flags & MARK_F_SUB_ECN)))
 			set_tcp_flags(skb, &p, p.flags & ~(TCP_FLAG_ECE | TCP_FLAG_CWR));
-		if (m)
-			set_dscp(skb, &p, m->sub_dscp);
+		if (!m)
+			return TC_ACT_OK;
+		if (is_first_syn(&p) && (m->flags & MARK_F_SUB_OPTS))
+			mirror_offer(skb, &p, m->sub_mss, !(m->flags & MARK_F_SUB_SACK), !(m->flags & MARK_F_SUB_TS));
+		set_dscp(skb, &p, m->sub_dscp);
 		return TC_ACT_OK;
 	}
 	if (!m)
 		return TC_ACT_OK;
+	if (is_syn_ack(&p) && (m->flags & MARK_F_ORG_OPTS))
+		mirror_offer(skb, &p, m->org_mss, 0, 0);
 	set_dscp(skb, &p, m->org_dscp);
 	if ((m->flags & MARK_F_ORG_RESET) && (p.flags & TCP_FLAG_FIN)) {
 		/* The origin reset: so does the proxy, at the sequence number its

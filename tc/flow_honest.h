@@ -102,10 +102,11 @@ static __always_inline int put_syn_ip(struct __sk_buff *skb, const struct tcp_pk
 }
 
 /* The SYN-ACK p, answering the probe of record r, made into the origin's RST
- * (sent) and then the opener's SYN (left in skb). Zero, or 1: p cannot be
+ * (sent) and then the opener's SYN (left in skb), offering SACK and timestamps
+ * only as the origin did (drop_*). Zero, or 1: p cannot be
  * rewritten, untouched; -1: failed half-way. */
 static __always_inline int syn_rebuild(struct __sk_buff *skb, const struct tcp_pkt *p, const struct flow_syn *r,
-				       __u8 syn_flags)
+				       __u8 syn_flags, int drop_sack, int drop_ts)
 {
 	struct craft_buf *b = craft_buf();
 	__u32 opt_len = r->opt_len;
@@ -121,6 +122,8 @@ static __always_inline int syn_rebuild(struct __sk_buff *skb, const struct tcp_p
 	bare_header(b, p->dport, p->sport, r->syn_seq, 0, syn_flags, r->window);
 	((struct tcphdr *)b->new)->doff = (sizeof(struct tcphdr) + opt_len) / 4;
 	__builtin_memcpy(b->new + sizeof(struct tcphdr), r->opts, TCP_OPTS_MAX);
+	/* Offered to the listener only as the origin offered it to the opener. */
+	edit_opts(b->new + sizeof(struct tcphdr), opt_len, 0, drop_sack, drop_ts);
 	if (bpf_skb_store_bytes(skb, 0, r->macs, sizeof(r->macs), 0) || put_syn_ip(skb, p, r, b) ||
 	    put_tcp(skb, p, b, sizeof(struct tcphdr) + opt_len))
 		return -1;

@@ -187,8 +187,8 @@ enum flow_state {
  * on their packets, for the proxy's packets to the other end to carry
  * (flow_egress, on c_in's and s_in's egress): with source_port = "kept"
  * the proxy's two sockets have the flow's own 4-tuple, so one key finds
- * the flow from either side. Made at the first SYN when there is anything
- * to carry, updated by the ends' segments (mode bpf), left to the LRU. */
+ * the flow from either side. Made at the first SYN (PROXY),
+ * updated by the ends' segments (mode bpf), left to the LRU. */
 #define MARKS_MAX 262144
 
 struct flow_marks {
@@ -196,10 +196,23 @@ struct flow_marks {
 	__u8 org_dscp;        /* the origin's */
 	__u8 flags;           /* MARK_F_* */
 	__u8 pad;
+	__u16 sub_mss;        /* host order: the MSS the subscriber's SYN offered; 0: none */
+	__u16 org_mss;        /* the MSS the origin's SYN-ACK offered (honest handshake) */
 };
 
 #define MARK_F_SUB_ECN   0x1  /* the subscriber's SYN asked for ECN: the proxy's SYN to the origin does */
 #define MARK_F_ORG_RESET 0x2  /* the origin reset the flow: the proxy's FIN to the subscriber goes as a RST */
+/* What each end's handshake offered, mirrored on the proxy's own: the
+ * proxy's SYN offers SACK and timestamps only as the subscriber's did, and
+ * an MSS no larger; the rebuilt SYN (so the proxy's SYN-ACK) offers SACK and
+ * timestamps only as the origin's SYN-ACK did, and the proxy's SYN-ACK an
+ * MSS no larger than the origin's. Window scale is each socket's own. */
+#define MARK_F_SUB_SACK  0x4
+#define MARK_F_SUB_TS    0x8
+#define MARK_F_ORG_SACK  0x10
+#define MARK_F_ORG_TS    0x20
+#define MARK_F_SUB_OPTS  0x40  /* the subscriber's offer is known (the fields above it) */
+#define MARK_F_ORG_OPTS  0x80  /* the origin's offer is known */
 
 /* syns: LRU_HASH flow_key -> flow_syn. The honest handshake (GRAPH_F_HONEST,
  * mode bpf): a first SYN that would be proxied goes on to the origin first,

@@ -310,6 +310,10 @@ def honest() -> Do:
     return graph_flags(1, G1["flags"] | fm.GRAPH_F_HONEST, LPORT1)
 
 
+# What Linux's SYN and a SYN-ACK offer, as marks flags.
+SUB_OFFERS = fm.MARK_F_SUB_SACK | fm.MARK_F_SUB_TS | fm.MARK_F_SUB_OPTS
+ORG_OFFERS = fm.MARK_F_ORG_SACK | fm.MARK_F_ORG_TS | fm.MARK_F_ORG_OPTS
+ORIGIN_OPTS = (("MSS", 1400), ("SAckOK", b""), ("Timestamp", (777, 123456)), ("NOP", None), ("WScale", 9))
 # The SYNs the honest handshake must give back byte for byte: IP fields and options of their own.
 H_SYN = syn1(40170, opts=LINUX_OPTS, tos=0x88, id=4011, ttl=61)
 H_SYN6 = on_access(IPv6(src=CLIENT6, dst=SERVER6, tc=0x20, fl=0xFAB12, hlim=63)
@@ -365,9 +369,9 @@ def expect_syn(flow: tuple, want: str | None) -> Do:
     return Do(f"the record of {flow} is {want}", check)
 
 
-def marks(flow: tuple, sub_dscp: int, org_dscp: int, flags: int) -> Do:
-    return Do(f"marks of {flow} set to {sub_dscp:#x}, {org_dscp:#x}, {flags:#x}",
-              lambda dp: dp.set_marks(flow, sub_dscp, org_dscp, flags))
+def marks(flow: tuple, sub_dscp: int, org_dscp: int, flags: int, sub_mss: int = 0, org_mss: int = 0) -> Do:
+    return Do(f"marks of {flow} set to {sub_dscp:#x}, {org_dscp:#x}, {flags:#x}, MSS {sub_mss}, {org_mss}",
+              lambda dp: dp.set_marks(flow, sub_dscp, org_dscp, flags, sub_mss, org_mss))
 
 
 def tw_syn(cport: int, sport: int, seq: int) -> Packet:
@@ -652,10 +656,10 @@ CASES = [
         Send("access1", H_SYN, TC_ACT_OK, counters=cnt(syns_probed=1)),
         expect_syn((CLIENT1, 40170, SERVER1, 80, 1), "probing"),
         Send("access1", H_SYN, TC_ACT_OK),
-        Send("origin1", reply1(80, 40170, opts=(("MSS", 1400), ("SAckOK", b"")), tos=0x48), TC_ACT_REDIRECT,
-             H_SYN, cnt(origin_accepted=1)),
+        Send("origin1", reply1(80, 40170, opts=ORIGIN_OPTS, tos=0x48), TC_ACT_REDIRECT, H_SYN,
+             cnt(origin_accepted=1)),
         expect_syn((CLIENT1, 40170, SERVER1, 80, 1), "accepted"),
-        expect_marks((CLIENT1, 40170, SERVER1, 80, 1), (0x88, 0x48, 0)),
+        expect_marks((CLIENT1, 40170, SERVER1, 80, 1), (0x88, 0x48, SUB_OFFERS | ORG_OFFERS, 1460, 1400)),
         # The origin's SYN-ACK again (it had the SYN twice): the RST again, back out, never to the opener.
         Send("origin1", reply1(80, 40170, opts=(("MSS", 1400),)), TC_ACT_REDIRECT,
              Ether(src=S_IN_MAC[1], dst=HOST_MAC[SERVER1]) / IP(src=CLIENT1, dst=SERVER1)
@@ -677,12 +681,19 @@ CASES = [
         Send("access1", syn1(40173, flags="SEC"), TC_ACT_OK, counters=cnt(syns_probed=1)),
         Send("origin1", reply1(80, 40173, flags="SA"), TC_ACT_REDIRECT, syn1(40173, flags="S"),
              cnt(origin_accepted=1)),
-        expect_marks((CLIENT1, 40173, SERVER1, 80, 1), (0, 0, fm.MARK_F_SUB_ECN))]),
+        expect_marks((CLIENT1, 40173, SERVER1, 80, 1),
+                     (0, 0, fm.MARK_F_SUB_ECN | fm.MARK_F_SUB_OPTS | fm.MARK_F_ORG_OPTS, 0, 0))]),
+    Case("honest-offer", "an origin that offers no SACK and no timestamps: the rebuilt SYN offers neither "
+         "(made NOPs), so the proxy's SYN-ACK will not", [
+        honest(),
+        Send("access1", syn1(40178, opts=LINUX_OPTS), TC_ACT_OK, counters=cnt(syns_probed=1)),
+        Send("origin1", reply1(80, 40178, opts=(("MSS", 1200),)), TC_ACT_REDIRECT,
+             syn1(40178, opts=(("MSS", 1460), *[("NOP", None)] * 13, ("WScale", 7))), cnt(origin_accepted=1))]),
     Case("honest-v6", "IPv6 (slot 0 made ASSIGN and HONEST): the rebuilt SYN has the opener's traffic class, "
          "flow label and hop limit", [
         graph_flags(0, G0["flags"] | fm.GRAPH_F_ASSIGN | fm.GRAPH_F_HONEST, LPORT0),
         Send("access", H_SYN6, TC_ACT_OK, counters=cnt(syns_probed=1)),
-        Send("origin", reply(80, 40174, src=SERVER6, dst=CLIENT6, ttl=57), TC_ACT_REDIRECT, H_SYN6,
+        Send("origin", reply(80, 40174, src=SERVER6, dst=CLIENT6, ttl=57, opts=ORIGIN_OPTS), TC_ACT_REDIRECT, H_SYN6,
              cnt(origin_accepted=1))]),
     Case("honest-not-probed", "a SYN with data (Fast Open) is not probed: to the listener at once", [
         honest(),
@@ -700,29 +711,38 @@ CASES = [
         Send("origin1", reply1(80, 40177, ack=4242), TC_ACT_OK, counters=NO_FLOW),
         expect_syn((CLIENT1, 40177, SERVER1, 80, 1), "probing")]),
     # -- marks carried across the split (flow_marks.h): made at the SYN, kept from each end, applied out
-    Case("marks-syn", "a proxied SYN with DSCP AF41 (TOS 0x88) that asks ECN (ECE, CWR) leaves its marks; a "
-         "plain SYN on the same 4-tuple later takes them away", [
-        Send("access", syn(40160, flags="SEC", tos=0x88), TC_ACT_OK, counters=NEW_PROXY),
-        expect_marks((CLIENT, 40160, SERVER, 80), (0x88, 0, fm.MARK_F_SUB_ECN)),
+    Case("marks-syn", "a proxied SYN with DSCP AF41 (TOS 0x88) that asks ECN (ECE, CWR) and offers Linux's "
+         "options leaves its marks; a plain SYN on the same 4-tuple later replaces them", [
+        Send("access", syn(40160, flags="SEC", tos=0x88, opts=LINUX_OPTS), TC_ACT_OK, counters=NEW_PROXY),
+        expect_marks((CLIENT, 40160, SERVER, 80), (0x88, 0, fm.MARK_F_SUB_ECN | SUB_OFFERS, 1460, 0)),
         Send("access", syn(40160, seq=9000), TC_ACT_OK, counters=NEW_PROXY),
-        expect_marks((CLIENT, 40160, SERVER, 80), None)]),
+        expect_marks((CLIENT, 40160, SERVER, 80), (0, 0, fm.MARK_F_SUB_OPTS, 0, 0))]),
     Case("marks-syn-v6", "IPv6: the DSCP of the traffic class (0xb8: EF), ECN bits aside", [
         Send("access", syn(40161, src=CLIENT6, dst=SERVER6, tc=0xba), TC_ACT_OK, counters=NEW_PROXY),
-        expect_marks((CLIENT6, 40161, SERVER6, 80), (0xb8, 0, 0))]),
+        expect_marks((CLIENT6, 40161, SERVER6, 80), (0xb8, 0, fm.MARK_F_SUB_OPTS, 0, 0))]),
     Case("marks-in", "ASSIGN (slot 1): segments of a proxied flow update each end's DSCP; the origin's RST "
          "sets ORG_RESET", [
         Send("access1", on_access(tcp(*EST_CLIENT, *EST_SERVER, "A", 1, 1, tos=0x28), 1), TC_ACT_OK,
              counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
         Send("origin1", on_origin(tcp(*EST_SERVER, *EST_CLIENT, "A", 1, 1, tos=0x48), 1), TC_ACT_OK,
              counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
-        expect_marks((*EST_CLIENT, *EST_SERVER, 1), (0x28, 0x48, 0)),
+        expect_marks((*EST_CLIENT, *EST_SERVER, 1), (0x28, 0x48, 0, 0, 0)),
         Send("origin1", on_origin(tcp(*EST_SERVER, *EST_CLIENT, "RA", 1, 1, tos=0x48), 1), TC_ACT_OK,
              counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
-        expect_marks((*EST_CLIENT, *EST_SERVER, 1), (0x28, 0x48, fm.MARK_F_ORG_RESET))]),
+        expect_marks((*EST_CLIENT, *EST_SERVER, 1), (0x28, 0x48, fm.MARK_F_ORG_RESET, 0, 0))]),
     Case("egress-ecn", "the proxy's SYN to the origin keeps ECE and CWR only when its subscriber asked", [
         Send("to-origin", syn(40162, flags="SEC"), TC_ACT_OK, syn(40162, flags="S")),
         marks((CLIENT, 40163, SERVER, 80), 0, 0, fm.MARK_F_SUB_ECN),
         Send("to-origin", syn(40163, flags="SEC"), TC_ACT_OK)]),
+    Case("egress-offer", "the proxy's SYN offers no more than its subscriber did (MSS 1300, no SACK, no "
+         "timestamps: NOPs), its SYN-ACK an MSS no larger than the origin's", [
+        marks((CLIENT, 40169, SERVER, 80), 0, 0, fm.MARK_F_SUB_OPTS | fm.MARK_F_ORG_OPTS, 1300, 1200),
+        Send("to-origin", syn(40169, opts=LINUX_OPTS), TC_ACT_OK,
+             syn(40169, opts=(("MSS", 1300), *[("NOP", None)] * 13, ("WScale", 7)))),
+        Send("to-access", reply(80, 40169, opts=LINUX_OPTS), TC_ACT_OK,
+             reply(80, 40169, opts=(("MSS", 1200), *LINUX_OPTS[1:]))),
+        marks((CLIENT, 40179, SERVER, 80), 0, 0, SUB_OFFERS, 1500, 0),
+        Send("to-origin", syn(40179, opts=LINUX_OPTS), TC_ACT_OK)]),
     Case("egress-dscp", "the proxy's segments carry the other end's DSCP, their own ECN bits kept, both "
          "families; forwarded packets (no socket) and flows without marks pass untouched", [
         marks((CLIENT, 40164, SERVER, 80), 0x88, 0x20, 0),
@@ -1076,9 +1096,10 @@ class FlowDatapath:
             raw = m.lookup(fm.flow_key(*flow))
         return fm.SYN_STATES[fm.FLOW_SYN.unpack(raw)[1]] if raw is not None else None
 
-    def set_marks(self, flow: tuple, sub_dscp: int, org_dscp: int, flags: int) -> None:
+    def set_marks(self, flow: tuple, sub_dscp: int, org_dscp: int, flags: int, sub_mss: int = 0,
+                  org_mss: int = 0) -> None:
         with fm.open_map(self.pins, "marks") as m:
-            m.update(fm.flow_key(*flow), fm.FLOW_MARKS.pack(sub_dscp, org_dscp, flags))
+            m.update(fm.flow_key(*flow), fm.FLOW_MARKS.pack(sub_dscp, org_dscp, flags, sub_mss, org_mss))
 
     def counters(self) -> dict[int, dict[str, int]]:
         return {slot: fm.read_counters(self.pins, slot) for slot in SLOTS}
