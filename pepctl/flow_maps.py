@@ -66,6 +66,8 @@ COUNTERS = (
     "origin_refused",
     "probe_failed",
     "flows_bypass_overload",
+    "port_freed",
+    "fin_deferred",
 )
 
 GRAPHS_MAX = 2048                                # PEP_GRAPHS_MAX

@@ -215,27 +215,42 @@ static __always_inline __u32 to_proxy(struct __sk_buff *skb, const struct tcp_pk
 	return verdict;
 }
 
+/* Sends a SYN round again (a copy to this interface's ingress, marked
+ * PEP_RETRY_MARK, decided again when it comes back) after making the SYN
+ * itself the RST, sequence number seq, that ends a socket of the proxy in
+ * its way (reverse: a RST as from the origin). That RST is delivered here
+ * and now, before the copy comes back. -1: no copy could be made (nothing
+ * changed); else the tc verdict. */
+static __always_inline int end_then_retry(struct __sk_buff *skb, const struct tcp_pkt *p, __u32 seq, int reverse)
+{
+	skb->mark = PEP_RETRY_MARK;
+	if (bpf_clone_redirect(skb, skb->ifindex, BPF_F_INGRESS)) {
+		skb->mark = 0;
+		return -1;
+	}
+	if (make_rst(skb, p, seq, reverse))
+		return TC_ACT_SHOT;   /* half-made; the copy finds the socket still there */
+	skb->mark = PEP_LOCAL_MARK;
+	return TC_ACT_OK;
+}
+
 /* Mode bpf, a SYN about to be proxied, a TIME_WAIT socket of the proxy on
  * its 4-tuple (HAProxy's accepted socket, when the proxy closed first): the
  * listener would drop the SYN as a duplicate of it, and the kernel's own
  * lookup, which lets a SYN past TIME_WAIT, looks for a listener on the
  * origin's port and finds none. So when the kernel would let this SYN past
- * (tw_takes_syn), a copy goes round again (this interface's ingress,
- * PEP_RETRY_MARK) and the SYN itself becomes the RST that ends the socket
- * (seq = its rcv_nxt; net.ipv4.tcp_rfc1337 = 0 in the graph's namespace),
- * delivered before the copy comes back: nft's tproxy does the same. A SYN it
- * would not let past, or a copy that finds the socket still there, goes to
- * the TIME_WAIT socket, which answers as the kernel does (an ACK). -1: no
- * TIME_WAIT socket, decide as usual. */
+ * (tw_takes_syn), it ends the socket (seq = its rcv_nxt; net.ipv4.tcp_rfc1337
+ * = 0 in the graph's namespace) and goes round again (end_then_retry), as
+ * nft's tproxy does. A SYN it would not let past, or one back from its round
+ * that finds the socket still there (retry), goes to the TIME_WAIT socket,
+ * which answers as the kernel does (an ACK). -1: no TIME_WAIT socket. */
 static __always_inline int past_time_wait(struct __sk_buff *skb, const struct tcp_pkt *p, const struct syn_opts *o,
-					  const struct where *w)
+					  const struct where *w, int retry)
 {
 	struct bpf_sock *sk = sock_for(skb, p, p->dport);
-	int retry = skb->mark == PEP_RETRY_MARK, takes;
 	__u32 rcv_nxt = 0;
+	int takes, act;
 
-	if (retry)
-		skb->mark = 0;
 	if (!sk)
 		return -1;
 	if (sk->state != BPF_TCP_TIME_WAIT) {
@@ -244,34 +259,28 @@ static __always_inline int past_time_wait(struct __sk_buff *skb, const struct tc
 	}
 	takes = !retry && !o->payload && tw_takes_syn(sk, p, o, &rcv_nxt);
 	bpf_sk_release(sk);
-	if (takes) {
-		skb->mark = PEP_RETRY_MARK;
-		if (!bpf_clone_redirect(skb, skb->ifindex, BPF_F_INGRESS)) {
-			count(w->slot, CNT_TW_RESET);
-			if (make_rst(skb, p, rcv_nxt, 0))
-				return TC_ACT_SHOT;   /* half-made; the copy finds the socket and is answered */
-			skb->mark = PEP_LOCAL_MARK;
-			return TC_ACT_OK;
-		}
+	if (takes && (act = end_then_retry(skb, p, rcv_nxt, 0)) >= 0) {
+		count(w->slot, CNT_TW_RESET);
+		return act;
 	}
 	skb->mark = PEP_LOCAL_MARK;
 	count(w->slot, CNT_TW_OLD_SYN);
 	return TC_ACT_OK;
 }
 
-/* GRAPH_F_KEEP_PORT: whether the proxy's connection to the origin from the
- * client's own address and port would fail. A socket of the origin side's
- * 4-tuple (as a segment from the origin would find it: HAProxy's previous
- * connection from that port, still closing or in TIME_WAIT) makes connect()
- * fail (EADDRNOTAVAIL); a listener on the client's port (the lookup falls
- * back to one: HAProxy's own) makes bind() fail (EADDRINUSE). */
-static __always_inline int port_busy(struct __sk_buff *skb, const struct tcp_pkt *p)
+#define PORT_FREE -1
+#define PORT_BUSY -2
+
+/* With source_port = "kept": the socket of the proxy's own connection to the
+ * origin for the flow of p, a segment from the subscriber (found as a segment
+ * from the origin would find it), or a listener on the subscriber's port (the
+ * lookup falls back to one); NULL if neither. The caller releases it. */
+static __always_inline struct bpf_sock *origin_sock(struct __sk_buff *skb, const struct tcp_pkt *p)
 {
 	struct tcp_pkt back = {
 		.family = p->family,
 		.sport = p->dport,
 	};
-	struct bpf_sock *sk;
 
 	if (p->family == 4) {
 		back.ip.v4.saddr = p->ip.v4.daddr;
@@ -280,11 +289,52 @@ static __always_inline int port_busy(struct __sk_buff *skb, const struct tcp_pkt
 		__builtin_memcpy(back.src, p->dst, 16);
 		__builtin_memcpy(back.dst, p->src, 16);
 	}
-	sk = sock_for(skb, &back, p->sport);
+	return sock_for(skb, &back, p->sport);
+}
+
+/* GRAPH_F_KEEP_PORT: whether the proxy can connect to the origin from the
+ * client's own address and port. A listener on that port (the lookup falls
+ * back to one: HAProxy's own) makes bind() fail: PORT_BUSY. A socket of the
+ * origin side's 4-tuple (as a segment from the origin finds it: HAProxy's
+ * previous connection from that port) makes connect() fail: PORT_BUSY while
+ * it is open or waits for the origin's FIN; one whose origin has closed too
+ * (LAST_ACK, CLOSING, TIME_WAIT: the client reused its port before that
+ * connection's last ACK, or within TIME_WAIT) is ended by a RST as from the
+ * origin (seq = its rcv_nxt) and the SYN goes round again (end_then_retry;
+ * counted port_freed). PORT_FREE, or the tc verdict. */
+static __always_inline int origin_side(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
+				       int retry)
+{
+	struct bpf_sock *sk = origin_sock(skb, p);
+	struct tcp_timewait_sock *tw;
+	struct tcp_sock *tp;
+	__u32 state, rcv_nxt = 0;
+	int act, known = 0;
+
 	if (!sk)
-		return 0;
+		return PORT_FREE;
+	state = sk->state;
+	if (state == BPF_TCP_TIME_WAIT) {
+		tw = bpf_skc_to_tcp_timewait_sock(sk);
+		if (tw) {
+			rcv_nxt = tw->tw_sk.__tw_common.skc_tw_rcv_nxt;
+			known = 1;
+		}
+	} else if (state == BPF_TCP_LAST_ACK || state == BPF_TCP_CLOSING) {
+		tp = bpf_skc_to_tcp_sock(sk);
+		if (tp) {
+			rcv_nxt = tp->rcv_nxt;
+			known = 1;
+		}
+	}
 	bpf_sk_release(sk);
-	return 1;
+	if (!known || retry)
+		return PORT_BUSY;
+	act = end_then_retry(skb, p, rcv_nxt, 1);
+	if (act < 0)
+		return PORT_BUSY;
+	count(w->slot, CNT_PORT_FREED);
+	return act;
 }
 
 static __always_inline __u32 verdict_counter(__u32 verdict)
@@ -306,11 +356,13 @@ static __always_inline __u32 verdict_counter(__u32 verdict)
 static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
 				      const struct flow_key *k)
 {
+	int retry = skb->mark == PEP_RETRY_MARK, act;
 	struct craft_buf *b = craft_buf();
 	struct syn_opts *o;
 	__u32 verdict;
-	int act;
 
+	if (retry)
+		skb->mark = 0;   /* back from a round of end_then_retry: decided again */
 	if (to_self(w, p)) {
 		/* Dropped: the PEP accepts no connection to itself through its
 		 * graphs, and no proxy must answer for its addresses. */
@@ -330,11 +382,14 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 		verdict = VERDICT_BYPASS_MPTCP;
 	else if (in_control(k, w))
 		verdict = VERDICT_BYPASS_CONTROL;
-	else if ((w->flags & GRAPH_F_ASSIGN) && (act = past_time_wait(skb, p, o, w)) >= 0)
+	else if ((w->flags & GRAPH_F_ASSIGN) && (act = past_time_wait(skb, p, o, w, retry)) >= 0)
 		return act;
-	else if ((w->flags & GRAPH_F_KEEP_PORT) && port_busy(skb, p))
+	else if ((w->flags & GRAPH_F_KEEP_PORT) && (act = origin_side(skb, p, w, retry && (w->flags & GRAPH_F_ASSIGN)))
+		 != PORT_FREE) {
+		if (act != PORT_BUSY)
+			return act;
 		verdict = VERDICT_BYPASS_BUSY;
-	else
+	} else
 		verdict = to_proxy(skb, p, w, (w->flags & GRAPH_F_HONEST) && (w->flags & GRAPH_F_ASSIGN) &&
 				   probeable(p, o));
 	if (verdict == VERDICT_PROBE) {
@@ -432,7 +487,8 @@ static __always_inline void mark_own(struct __sk_buff *skb, const struct where *
  * proxied flow's; a bypassed flow pays one lookup that finds nothing.
  * 1: the 4-tuple's socket is in TIME_WAIT, not marked yet: a bypassed flow
  * may have taken the 4-tuple since (the caller looks first). -1: none. */
-static __always_inline int to_own_socket(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w)
+static __always_inline int to_own_socket(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
+					 __u32 *state_out)
 {
 	struct bpf_sock *sk = sock_for(skb, p, p->dport);
 	__u32 state;
@@ -440,6 +496,7 @@ static __always_inline int to_own_socket(struct __sk_buff *skb, const struct tcp
 	if (!sk)
 		return -1;
 	state = sk->state;
+	*state_out = state;
 	bpf_sk_release(sk);
 	/* The lookup falls back to a listener on the segment's port: a
 	 * bypassed flow to or from the listener's port (50080) is not the
@@ -450,6 +507,31 @@ static __always_inline int to_own_socket(struct __sk_buff *skb, const struct tcp
 		return 1;
 	mark_own(skb, w);
 	return 0;
+}
+
+/* Mode bpf, source_port = "kept": a bare FIN from the subscriber to the
+ * proxy's socket (still open: state) before the proxy's own connection to
+ * the origin is up. HAProxy 2.6 would abort that connection with a RST ("the
+ * client might want to abort": a client that left with nothing to send while
+ * the server connection was being made), where the origin, routed, sees the
+ * FIN. Dropped, the FIN comes again on the subscriber's retransmission timer,
+ * once the connection is up, and goes on as a FIN (fin_deferred). */
+static __always_inline int fin_too_early(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
+					 __u32 state)
+{
+	struct bpf_sock *sk;
+	__u32 b_state;
+
+	if (!(w->flags & GRAPH_F_KEEP_PORT) || w->side != SIDE_ACCESS ||
+	    (p->flags & (TCP_FLAG_FIN | TCP_FLAG_RST | TCP_FLAG_SYN)) != TCP_FLAG_FIN || payload_len(p) ||
+	    (state != BPF_TCP_ESTABLISHED && state != BPF_TCP_SYN_RECV))
+		return 0;
+	sk = origin_sock(skb, p);
+	if (!sk)
+		return 1;
+	b_state = sk->state;
+	bpf_sk_release(sk);
+	return b_state == BPF_TCP_SYN_SENT || b_state == BPF_TCP_LISTEN;
 }
 
 /* Non-zero when a socket of this namespace owns the segment's 4-tuple (not
@@ -533,7 +615,8 @@ static __always_inline int syn_answered(struct __sk_buff *skb, struct tcp_pkt *p
 	if (r->state == SYN_ACCEPTED) {
 		/* The origin answering again (it had the SYN twice, or our RST
 		 * was lost): never the opener's to see; the RST goes again. */
-		if (is_syn_ack(p) && !make_rst(skb, p, p->ack_seq, 1))
+		if (is_syn_ack(p) && !make_rst(skb, p, p->ack_seq, 1) &&
+		    !set_dscp(skb, p, (p->family == 4 ? r->tos : bpf_ntohl(r->ip_word) >> 20) & DSCP_MASK))
 			return bpf_redirect(skb->ifindex, 0);
 		return TC_ACT_SHOT;
 	}
@@ -580,13 +663,18 @@ static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const
 {
 	struct flow_est *e;
 	struct flow_new *n;
+	__u32 state = 0;
 	int own = -1;
 
 	if (measuring(w))
 		measure(k, p, w);
 	if (w->flags & GRAPH_F_ASSIGN) {
-		own = to_own_socket(skb, p, w);
+		own = to_own_socket(skb, p, w, &state);
 		if (!own) {
+			if (fin_too_early(skb, p, w, state)) {
+				count(w->slot, CNT_FIN_DEFERRED);
+				return TC_ACT_SHOT;
+			}
 			marks_in(k, p, w);
 			return TC_ACT_OK;
 		}
@@ -650,9 +738,33 @@ int flow_ingress(struct __sk_buff *skb)
 	return later(skb, &p, &w, &key);
 }
 
+/* The origin reset the flow, and the proxy's socket toward the subscriber
+ * sends its FIN (p, without data): that FIN goes as a RST, at the sequence
+ * number it had, and the socket itself is ended by a RST as from the
+ * subscriber (seq = the FIN's ack: its rcv_nxt), put in at this interface's
+ * ingress, or it would send its FIN again until its orphan retries run out,
+ * counted all along as a connection of the graph. Non-zero: not done. */
+static __attribute__((noinline)) int reset_both(struct __sk_buff *skb, const struct tcp_pkt *p)
+{
+	struct tcp_pkt q = *p;   /* p as the RST to the socket will be: the other way */
+
+	__builtin_memcpy(q.src, p->dst, 16);
+	__builtin_memcpy(q.dst, p->src, 16);
+	q.ip.v4.saddr = p->ip.v4.daddr;
+	q.ip.v4.daddr = p->ip.v4.saddr;
+	q.sport = p->dport;
+	q.dport = p->sport;
+	if (make_rst(skb, p, p->ack_seq, 1) || bpf_clone_redirect(skb, skb->ifindex, BPF_F_INGRESS))
+		return -1;
+	return make_rst(skb, &q, p->seq, 1);
+}
+
 /* The proxy's own segments leaving c_in (to the subscriber) or s_in (to the
  * origin): they carry what the other end marked its own with (flow_marks.h).
- * Forwarded packets (bypassed flows) have no socket and pass untouched. */
+ * Forwarded packets (bypassed flows, the honest handshake's probe, the
+ * datapath's own RSTs) came in on an interface and pass untouched. Not
+ * skb->sk: a veth does not orphan a packet, so a forwarded one still holds
+ * its sender's socket, in another namespace. */
 SEC("tc")
 int flow_egress(struct __sk_buff *skb)
 {
@@ -661,7 +773,7 @@ int flow_egress(struct __sk_buff *skb)
 	struct flow_key key;
 	struct where w;
 
-	if (!skb->sk || where_from(skb->ifindex, &w) || parse_tcp(skb, &p))
+	if (skb->ingress_ifindex || where_from(skb->ifindex, &w) || parse_tcp(skb, &p))
 		return TC_ACT_OK;
 	/* Seen from the flow: leaving s_in is the subscriber's way in, leaving c_in the origin's. */
 	w.side = w.side == SIDE_ACCESS ? SIDE_ORIGIN : SIDE_ACCESS;
@@ -686,13 +798,14 @@ int flow_egress(struct __sk_buff *skb)
 		mirror_offer(skb, &p, m->org_mss, 0, 0);
 	set_dscp(skb, &p, m->org_dscp);
 	if ((m->flags & MARK_F_ORG_RESET) && (p.flags & TCP_FLAG_FIN)) {
-		/* The origin reset: so does the proxy, at the sequence number its
-		 * FIN would have had. A FIN with data loses only its FIN: the data
-		 * goes, the FIN comes again alone and goes as the RST. */
+		/* The origin reset: so does the proxy (reset_both). A FIN with data
+		 * loses only its FIN: the data goes, the FIN comes again alone. */
 		if (payload_len(&p))
 			set_tcp_flags(skb, &p, p.flags & ~TCP_FLAG_FIN);
-		else if (!set_tcp_flags(skb, &p, (p.flags & ~(TCP_FLAG_FIN | TCP_FLAG_PSH)) | TCP_FLAG_RST))
+		else if (!reset_both(skb, &p))
 			count(w.slot, CNT_RESETS_TO_SUB);
+		else
+			return TC_ACT_SHOT;   /* half-made: the socket sends its FIN again */
 	}
 	return TC_ACT_OK;
 }

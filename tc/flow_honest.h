@@ -113,8 +113,10 @@ static __always_inline int syn_rebuild(struct __sk_buff *skb, const struct tcp_p
 
 	if (!b || payload_len(p) || (p->family == 4 && p->ip.v4.ihl != 5) || opt_len > TCP_OPTS_MAX || (opt_len & 3))
 		return 1;
-	/* The origin forgets: a RST from the opener, at the SYN-ACK's ack. */
-	if (make_rst(skb, p, p->ack_seq, 1))
+	/* The origin forgets: a RST from the opener, at the SYN-ACK's ack, with
+	 * the opener's DSCP. */
+	if (make_rst(skb, p, p->ack_seq, 1) ||
+	    set_dscp(skb, p, (p->family == 4 ? r->tos : bpf_ntohl(r->ip_word) >> 20) & DSCP_MASK))
 		return -1;
 	if (bpf_clone_redirect(skb, skb->ifindex, 0))
 		return -1;

@@ -13,7 +13,7 @@
  *   segments in (bpf)    marks_in: each end's DSCP as its last segment had it;
  *                        a RST from the origin side: MARK_F_ORG_RESET
  *   segments out         flow_egress (flow.c) applies them to the proxy's own
- *                        packets (skb->sk set): DSCP rewritten, ECE and CWR
+ *                        packets (made here: no ingress interface): DSCP rewritten, ECE and CWR
  *                        taken off its SYN unless the subscriber asked, its
  *                        SYN and SYN-ACK offering no more than the other end
  *                        (mirror_offer), a FIN after the origin's reset sent

@@ -53,6 +53,7 @@ struct inet_connection_sock {
 
 struct tcp_sock {
 	struct inet_connection_sock inet_conn;
+	__u32 rcv_nxt;                 /* the next sequence number it expects */
 } __attribute__((preserve_access_index));
 
 /* The socket (established, request, time-wait or listening) that a segment

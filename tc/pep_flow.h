@@ -35,10 +35,13 @@
  *      (client_hash(subscriber, control_seed) < control_below): BYPASS_CONTROL;
  *   3c. GRAPH_F_KEEP_PORT, and the proxy could not connect from the client's
  *      own port: a socket of the graph's namespace holds the origin side's
- *      4-tuple (the proxy's previous connection from that port, in TIME_WAIT
- *      or closing), or listens on that port (HAProxy's own listener: bind()
- *      would fail). BYPASS_BUSY: the flow goes end to end, as it would with
- *      no proxy, instead of failing in HAProxy's connect();
+ *      4-tuple (the proxy's previous connection from that port, still open
+ *      or waiting for the origin's FIN), or listens on that port (HAProxy's
+ *      own listener: bind() would fail). BYPASS_BUSY: the flow goes end to
+ *      end, as it would with no proxy, instead of failing in HAProxy's
+ *      connect(). Mode bpf, a socket whose origin has closed too (LAST_ACK,
+ *      CLOSING, TIME_WAIT) is ended by a RST and the SYN decided again
+ *      (port_freed), as for a TIME_WAIT socket of the SYN's own 4-tuple;
  *   4. no proxy socket listens for it (the graph's listen_port, or the SYN's
  *      own port when listen_port is 0): BYPASS_FAILOPEN. This is the fail-open:
  *      the moment HAProxy dies its listeners are gone, and new flows are
@@ -53,11 +56,12 @@
  *      makes the flow BYPASS_FAILOPEN (assign_failed). Without it (modes nft
  *      and route) the stack's own interception takes the SYN.
  *      Mode bpf, a TIME_WAIT socket of the proxy on the SYN's 4-tuple (the
- *      listener would drop the SYN as a duplicate of it): when the kernel
- *      would let the SYN past it, the SYN is made a RST that ends it and a
- *      copy of the SYN (PEP_RETRY_MARK) is decided again (tw_reset); else
- *      (an old duplicate, or still there on the retry) the SYN goes to the
- *      TIME_WAIT socket, which answers as the kernel does (tw_old_syn).
+ *      listener would drop the SYN as a duplicate of it), checked before
+ *      step 3c: when the kernel would let the SYN past it, the SYN is made a
+ *      RST that ends it and a copy of the SYN (PEP_RETRY_MARK) is decided
+ *      again (tw_reset); else (an old duplicate, or still there on the
+ *      retry) the SYN goes to the TIME_WAIT socket, which answers as the
+ *      kernel does (tw_old_syn).
  * Bypassed flows (verdicts 3 to 4) are remembered and forwarded at L3 by
  * this program for their whole life, whatever the rules or the proxy do
  * later. Proxied flows are not remembered: they are known by their sockets.
@@ -333,6 +337,11 @@ enum flow_counter {
 	CNT_ORIGIN_REFUSED,         /* honest: RSTs answering a probe, passed on to the opener */
 	CNT_PROBE_FAILED,           /* honest: answers not rewritten: the flow went end to end (bypass_failopen) */
 	CNT_FLOWS_BYPASS_OVERLOAD,  /* first SYNs decided BYPASS_OVERLOAD */
+	CNT_PORT_FREED,             /* port kept: the proxy's previous origin-side socket of a client's port,
+				     * its origin done with it too (LAST_ACK, CLOSING, TIME_WAIT), ended by a
+				     * RST so that a new SYN from that port is proxied (sent round again) */
+	CNT_FIN_DEFERRED,           /* port kept, mode bpf: a subscriber's bare FIN dropped, its proxy's
+				     * connection to the origin not up yet (the subscriber sends it again) */
 	CNT_MAX
 };
 

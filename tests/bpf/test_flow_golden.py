@@ -74,8 +74,9 @@ SLOTS = (0, 1, 2)                                # whose counters every step wat
 SIDES = {"access": (C_IN0, 0), "origin": (S_IN0, 0), "access1": (C_IN1, 1), "origin1": (S_IN1, 1),
          "unused-slot": (UNUSED_SLOT, None), "below-range": (BELOW_RANGE, None),
          "above-range": (ABOVE_RANGE, None),
-         # flow_egress: the proxy's own segments leaving c_in (to the subscriber) or s_in (to the origin)
-         "to-access": (C_IN0, 0), "to-origin": (S_IN0, 0)}
+         # flow_egress: the proxy's own segments leaving c_in (to the subscriber) or s_in (to the origin);
+         # fwd-to-origin: a segment forwarded from c_in leaving s_in (ingress_ifindex c_in's)
+         "to-access": (C_IN0, 0), "to-origin": (S_IN0, 0), "fwd-to-origin": (S_IN0, 0)}
 
 CLIENT, CLIENT2, SERVER = "198.18.0.10", "198.18.0.11", "198.19.0.10"
 CLIENT6, SERVER6 = "2001:2:0:1::10", "2001:2:0:2::10"
@@ -300,9 +301,11 @@ def listener(port: int, up: bool) -> Do:
               lambda dp: dp.listen(port) if up else dp.unlisten(port))
 
 
-def time_wait(cport: int, sport: int) -> Do:
+def time_wait(cport: int, sport: int, at_client: bool = False) -> Do:
     def make(dp):
-        dp.seen["rcv_nxt"] = dp.run_in_ns(_time_wait, cport, sport)
+        dp.seen["rcv_nxt"] = dp.run_in_ns(_time_wait_at_client if at_client else _time_wait, cport, sport)
+    if at_client:
+        return Do(f"a TIME_WAIT socket {TW_CLIENT}:{cport} -> {TW_SERVER}:{sport}", make)
     return Do(f"a TIME_WAIT socket {TW_SERVER}:{sport} <- {TW_CLIENT}:{cport}", make)
 
 
@@ -640,6 +643,33 @@ CASES = [
         Send("access1", syn1(40150), TC_ACT_REDIRECT, fwd(syn1(40150)), cnt(flows_bypass_busy=1, pkts_bypassed=1)),
         Send("access1", syn1(40151), TC_ACT_REDIRECT, fwd(syn1(40151)), ASSIGN_REFUSED)],
         flows=[Flow(CLIENT1, 40150, SERVER1, 80, "flows_new", "bypass_busy", graph=1)]),
+    Case("keep-port-freed", "KEEP_PORT (slot 1): the proxy's previous origin-side socket of the client's port "
+         "in TIME_WAIT (its origin done with it): ended by a RST as from the origin (seq = its rcv_nxt), marked "
+         "for local delivery; the SYN goes round again", [
+        graph_flags(1, G1["flags"] | fm.GRAPH_F_KEEP_PORT, LPORT1),
+        time_wait(40153, 7104, at_client=True),
+        Send("access1", tw_syn(40153, 7104, 1000), TC_ACT_OK,
+             lambda dp: Ether(src=C_IN_MAC[1], dst=HOST_MAC[CLIENT]) / IP(src=TW_SERVER, dst=TW_CLIENT)
+             / TCP(sport=7104, dport=40153, flags="R", seq=dp.seen["rcv_nxt"], window=0),
+             cnt(port_freed=1), mark=fm.LOCAL_MARK),
+        # Back from its round, the socket still there: no second round, bypassed (to a local address of
+        # this test's namespace: forward() leaves it to the stack).
+        Send("access1", tw_syn(40153, 7104, 1000), TC_ACT_OK, counters=cnt(flows_bypass_busy=1),
+             mark_in=fm.RETRY_MARK)],
+        flows=[Flow(TW_CLIENT, 40153, TW_SERVER, 7104, "flows_new", "bypass_busy", graph=1)]),
+    Case("fin-deferred", "KEEP_PORT, ASSIGN (slot 1): the subscriber's bare FIN to the proxy's open socket "
+         "before the proxy's connection to the origin exists is dropped (it comes again); with data, or "
+         "without KEEP_PORT, it goes", [
+        Do("an accepted connection with no origin side", lambda dp: dp.owned.append(dp.run_in_ns(
+            _half_gone, 40191, 7105))),
+        Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40191, dport=7105, flags="FA"), 1),
+             TC_ACT_OK, counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
+        graph_flags(1, G1["flags"] | fm.GRAPH_F_KEEP_PORT, LPORT1),
+        Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40191, dport=7105, flags="FA"), 1),
+             TC_ACT_SHOT, counters=cnt(pkts_assigned=1, fin_deferred=1), mark=fm.LOCAL_MARK),
+        Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40191, dport=7105, flags="FPA")
+                                  / b"last", 1),
+             TC_ACT_OK, counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK)]),
     Case("keep-port-listener", "KEEP_PORT (slot 0): a client port the proxy listens on (50080) is busy: "
          "bind() would fail; without KEEP_PORT it is proxied", [
         Send("access", syn(LPORT0), TC_ACT_OK, counters=NEW_PROXY),
@@ -660,9 +690,10 @@ CASES = [
              cnt(origin_accepted=1)),
         expect_syn((CLIENT1, 40170, SERVER1, 80, 1), "accepted"),
         expect_marks((CLIENT1, 40170, SERVER1, 80, 1), (0x88, 0x48, SUB_OFFERS | ORG_OFFERS, 1460, 1400)),
-        # The origin's SYN-ACK again (it had the SYN twice): the RST again, back out, never to the opener.
+        # The origin's SYN-ACK again (it had the SYN twice): the RST again (the opener's DSCP), back out,
+        # never to the opener.
         Send("origin1", reply1(80, 40170, opts=(("MSS", 1400),)), TC_ACT_REDIRECT,
-             Ether(src=S_IN_MAC[1], dst=HOST_MAC[SERVER1]) / IP(src=CLIENT1, dst=SERVER1)
+             Ether(src=S_IN_MAC[1], dst=HOST_MAC[SERVER1]) / IP(src=CLIENT1, dst=SERVER1, tos=0x88)
              / TCP(sport=40170, dport=80, flags="R", seq=1001, window=0)),
         Send("access1", H_SYN, TC_ACT_REDIRECT, fwd(H_SYN), ASSIGN_REFUSED),
         expect_syn((CLIENT1, 40170, SERVER1, 80, 1), None)]),
@@ -730,10 +761,12 @@ CASES = [
         Send("origin1", on_origin(tcp(*EST_SERVER, *EST_CLIENT, "RA", 1, 1, tos=0x48), 1), TC_ACT_OK,
              counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
         expect_marks((*EST_CLIENT, *EST_SERVER, 1), (0x28, 0x48, fm.MARK_F_ORG_RESET, 0, 0))]),
-    Case("egress-ecn", "the proxy's SYN to the origin keeps ECE and CWR only when its subscriber asked", [
+    Case("egress-ecn", "the proxy's SYN to the origin keeps ECE and CWR only when its subscriber asked; a "
+         "forwarded SYN (a bypassed flow's: it came in on c_in) is not the proxy's and keeps them", [
         Send("to-origin", syn(40162, flags="SEC"), TC_ACT_OK, syn(40162, flags="S")),
         marks((CLIENT, 40163, SERVER, 80), 0, 0, fm.MARK_F_SUB_ECN),
-        Send("to-origin", syn(40163, flags="SEC"), TC_ACT_OK)]),
+        Send("to-origin", syn(40163, flags="SEC"), TC_ACT_OK),
+        Send("fwd-to-origin", syn(40162, flags="SEC"), TC_ACT_OK)]),
     Case("egress-offer", "the proxy's SYN offers no more than its subscriber did (MSS 1300, no SACK, no "
          "timestamps: NOPs), its SYN-ACK an MSS no larger than the origin's", [
         marks((CLIENT, 40169, SERVER, 80), 0, 0, fm.MARK_F_SUB_OPTS | fm.MARK_F_ORG_OPTS, 1300, 1200),
@@ -752,10 +785,12 @@ CASES = [
         marks((CLIENT6, 40166, SERVER6, 80), 0xb8, 0, 0),
         Send("to-origin", ack(40166, src=CLIENT6, dst=SERVER6, tc=0x01), TC_ACT_OK,
              ack(40166, src=CLIENT6, dst=SERVER6, tc=0xb9))]),
-    Case("egress-reset", "after the origin's reset the proxy's FIN to the subscriber goes as a RST (counted); "
-         "a FIN with data loses its FIN only", [
+    Case("egress-reset", "after the origin's reset the proxy's FIN to the subscriber goes as a RST at its "
+         "sequence number (counted; the socket's own RST goes round through c_in); a FIN with data loses its "
+         "FIN only", [
         marks((CLIENT, 40167, SERVER, 80), 0, 0, fm.MARK_F_ORG_RESET),
-        Send("to-access", reply(80, 40167, flags="FA"), TC_ACT_OK, reply(80, 40167, flags="RA"),
+        Send("to-access", reply(80, 40167, flags="FA"), TC_ACT_OK,
+             on_origin(IP(src=SERVER, dst=CLIENT) / TCP(sport=80, dport=40167, flags="R", seq=5000, window=0)),
              cnt(resets_to_sub=1)),
         Send("to-access", reply(80, 40167, flags="FPA") / b"tail", TC_ACT_OK, reply(80, 40167, flags="PA") / b"tail"),
         Send("to-access", reply(80, 40168, flags="FA"), TC_ACT_OK)]),
@@ -1027,6 +1062,63 @@ def _established_pair() -> tuple[socket.socket, socket.socket]:
 TCP_REPAIR, TCP_REPAIR_QUEUE, TCP_QUEUE_SEQ, TCP_SEND_QUEUE = 19, 20, 21, 2   # <linux/tcp.h>
 
 
+def _fin_seq(s: socket.socket) -> int:
+    """The sequence number s's FIN will have: its send queue's end, read in repair mode."""
+    s.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR, 1)
+    s.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR_QUEUE, TCP_SEND_QUEUE)
+    seq = s.getsockopt(socket.IPPROTO_TCP, TCP_QUEUE_SEQ)
+    s.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR, 0)
+    return seq
+
+
+def _time_wait_at_client(cport: int, sport: int) -> int:
+    """A TIME_WAIT socket as HAProxy's connection to the origin is left when it closed first: local
+    TW_CLIENT:cport, remote TW_SERVER:sport. Returns its rcv_nxt (the server's FIN's seq + 1)."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((TW_SERVER, sport))
+    srv.listen(1)
+    cli = socket.socket()
+    cli.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    cli.bind((TW_CLIENT, cport))
+    cli.settimeout(5)
+    cli.connect((TW_SERVER, sport))
+    conn, _ = srv.accept()
+    srv.close()
+    try:
+        cli.close()                        # the client's end first: it ends in TIME_WAIT
+        conn.settimeout(5)
+        assert conn.recv(1) == b"", "the server saw data, not the client's FIN"
+        fin_seq = _fin_seq(conn)
+    finally:
+        conn.close()
+    deadline = time.monotonic() + 5
+    while subprocess.run(["ss", "-Htn", "state", "time-wait", "src", f"{TW_CLIENT}:{cport}"], capture_output=True,
+                         text=True).stdout.strip() == "":
+        assert time.monotonic() < deadline, f"no TIME_WAIT socket {TW_CLIENT}:{cport} after 5 s"
+        time.sleep(0.01)
+    return (fin_seq + 1) & 0xFFFFFFFF
+
+
+def _half_gone(cport: int, sport: int) -> socket.socket:
+    """An established connection TW_CLIENT:cport -> TW_SERVER:sport whose client end is gone without a
+    word (closed in repair mode: no FIN, no RST): as HAProxy's accepted socket is before it has made
+    its connection to the origin, no socket has the origin side's 4-tuple. Returns the server end."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((TW_SERVER, sport))
+    srv.listen(1)
+    cli = socket.socket()
+    cli.bind((TW_CLIENT, cport))
+    cli.settimeout(5)
+    cli.connect((TW_SERVER, sport))
+    conn, _ = srv.accept()
+    srv.close()
+    cli.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR, 1)
+    cli.close()
+    return conn
+
+
 def _time_wait(cport: int, sport: int) -> int:
     """A TIME_WAIT socket as HAProxy's accepted one is left when the proxy closed first: local
     TW_SERVER:sport, remote TW_CLIENT:cport (a connection over lo, the server's end closed first).
@@ -1045,10 +1137,7 @@ def _time_wait(cport: int, sport: int) -> int:
         srv.close()
         conn.close()                       # the server's end first: it ends in TIME_WAIT
         assert cli.recv(1) == b"", "the client saw data, not the server's FIN"
-        cli.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR, 1)
-        cli.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR_QUEUE, TCP_SEND_QUEUE)
-        fin_seq = cli.getsockopt(socket.IPPROTO_TCP, TCP_QUEUE_SEQ)
-        cli.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR, 0)
+        fin_seq = _fin_seq(cli)
     finally:
         cli.close()
     deadline = time.monotonic() + 5
@@ -1081,8 +1170,11 @@ class FlowDatapath:
         self.owned.append(self.run_in_ns(_syn_sent, local, lport, remote, rport))
 
     def run(self, side: str, frame: bytes, mark: int = 0) -> bpfsys.TestRun:
-        prog = self.egress if side.startswith("to-") else self.prog
-        return self.run_in_ns(prog.test_run, frame, bpfsys.skb_ctx(SIDES[side][0], mark))
+        if side.startswith("to-"):
+            return self.run_in_ns(self.egress.test_run, frame, bpfsys.skb_ctx(SIDES[side][0], mark, 0))
+        if side.startswith("fwd-"):
+            return self.run_in_ns(self.egress.test_run, frame, bpfsys.skb_ctx(SIDES[side][0], mark, C_IN0))
+        return self.run_in_ns(self.prog.test_run, frame, bpfsys.skb_ctx(SIDES[side][0], mark))
 
     def marks(self, *flow) -> tuple | None:
         """(sub_dscp, org_dscp, flags) of flow's marks entry (flow_key's arguments), or None."""
