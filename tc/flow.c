@@ -393,12 +393,12 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 		verdict = to_proxy(skb, p, w, (w->flags & GRAPH_F_HONEST) && (w->flags & GRAPH_F_ASSIGN) &&
 				   probeable(p, o));
 	if (verdict == VERDICT_PROBE) {
-		/* On to the origin through the stack's routing, as routed. */
+		/* On to the origin, forwarded as a bypassed flow's SYN is. */
 		syn_record(skb, k, p, o, w->side, 0);
 		marks_syn(k, p, o);
 		count(w->slot, CNT_SYNS_PROBED);
 		measure_start(k, p, w, GROUP_TREATED);
-		return TC_ACT_OK;
+		return forward(skb, p, w->slot);
 	}
 	if (verdict == VERDICT_PROXY) {
 		marks_syn(k, p, o);
@@ -433,7 +433,7 @@ static __always_inline int honest_syn(struct __sk_buff *skb, const struct tcp_pk
 		b = craft_buf();
 		if (b && !read_syn_opts(skb, p, &b->opts) && probeable(p, &b->opts))
 			syn_record(skb, k, p, &b->opts, w->side, r->first_seen_ns);
-		return TC_ACT_OK;
+		return forward(skb, p, w->slot);
 	}
 	verdict = to_proxy(skb, p, w, 0);
 	if (verdict == VERDICT_PROXY)
@@ -599,6 +599,36 @@ static __always_inline int stale(struct __sk_buff *skb, struct tcp_pkt *p, const
 	return no_flow(skb, p, w, k, 0);   /* this host's own connection, not another host's */
 }
 
+/* The opener's SYN, rebuilt from the origin's SYN-ACK p (record r), handed to
+ * the listener where it is, at the origin side's ingress (bpf_sk_assign works
+ * on any ingress interface of the namespace): one pass through the stack
+ * fewer than putting it in at the opener's interface. When the proxy cannot
+ * take it now, it is put in there after all, where honest_syn sends it end
+ * to end. */
+static __always_inline int accepted_here(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
+					 const struct flow_syn *r)
+{
+	struct craft_buf *b = craft_buf();
+	struct where at = *w;
+	struct tcp_pkt *q;
+
+	if (b) {
+		q = &b->pkt;   /* the rebuilt SYN: p the other way */
+		*q = *p;
+		at.side = r->opener;
+		__builtin_memcpy(q->src, p->dst, 16);
+		__builtin_memcpy(q->dst, p->src, 16);
+		q->ip.v4.saddr = p->ip.v4.daddr;
+		q->ip.v4.daddr = p->ip.v4.saddr;
+		q->sport = p->dport;
+		q->dport = p->sport;
+		if (to_proxy(skb, q, &at, 0) == VERDICT_PROXY)
+			return TC_ACT_OK;
+	}
+	skb->mark = 0;
+	return bpf_redirect(side_ifindex(w->slot, r->opener), BPF_F_INGRESS);
+}
+
 /* The honest handshake: the origin's answer to a probe (pep_flow.h, syns).
  * -1: not one. */
 static __always_inline int syn_answered(struct __sk_buff *skb, struct tcp_pkt *p, const struct where *w,
@@ -623,7 +653,7 @@ static __always_inline int syn_answered(struct __sk_buff *skb, struct tcp_pkt *p
 	if (p->flags & TCP_FLAG_RST) {
 		bpf_map_delete_elem(&syns, k);
 		count(w->slot, CNT_ORIGIN_REFUSED);
-		return TC_ACT_OK;   /* refused: the stack routes the RST on to the opener */
+		return forward(skb, p, w->slot);   /* refused: on to the opener */
 	}
 	if (!is_syn_ack(p) || !b)
 		return -1;
@@ -654,7 +684,7 @@ static __always_inline int syn_answered(struct __sk_buff *skb, struct tcp_pkt *p
 	}
 	r->state = SYN_ACCEPTED;
 	count(w->slot, CNT_ORIGIN_ACCEPTED);
-	return bpf_redirect(side_ifindex(w->slot, r->opener), BPF_F_INGRESS);
+	return accepted_here(skb, p, w, r);
 }
 
 /* Any segment but a first SYN. */

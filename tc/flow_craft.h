@@ -49,6 +49,7 @@ struct craft_buf {
 	__u8 ip_old[sizeof(struct iphdr)];
 	__u8 ip_new[sizeof(struct iphdr)];
 	struct syn_opts opts;   /* a first SYN's, while it is decided */
+	struct tcp_pkt pkt;     /* a rewritten segment as parsed (the honest handshake's rebuilt SYN) */
 };
 
 struct {

@@ -229,6 +229,10 @@ BYPASSED = cnt(pkts_bypassed=1)
 NEW_BYPASS = cnt(flows_bypass_rule=1, pkts_bypassed=1)
 NEW_PROXY = cnt(flows_proxied=1)
 NEW_MPTCP = cnt(flows_bypass_mptcp=1, pkts_bypassed=1)
+# The honest handshake: a probe forwarded; an answer made the opener's SYN, which the listener refuses in
+# a test run (bpf_sk_assign), so it is put in at the opener's interface (TC_ACT_REDIRECT).
+PROBED = cnt(syns_probed=1, pkts_bypassed=1)
+ACCEPTED = cnt(origin_accepted=1, assign_failed=1)
 # TCP options of a Linux SYN, and RFC 8684's MPTCP options: MP_CAPABLE (subtype 0, version 1, flag
 # A: checksums; v1 SYNs carry no key) and MP_JOIN (subtype 1, the receiver's token, a nonce).
 LINUX_OPTS = (("MSS", 1460), ("SAckOK", b""), ("Timestamp", (123456, 0)), ("NOP", None), ("WScale", 7))
@@ -679,15 +683,15 @@ CASES = [
         Send("access", syn(40152), TC_ACT_OK, counters=NEW_PROXY)],
         flows=[Flow(CLIENT, LPORT0, SERVER, 80, "flows_new", "bypass_busy", syn_seq=2000)]),
     # -- the honest handshake (GRAPH_F_HONEST, slot 1): the origin answers the SYN first
-    Case("honest-accepted", "a SYN goes on to the origin (recorded, routed by the stack), its retransmission "
-         "too; the origin's SYN-ACK becomes that very SYN again (MACs, IP fields, options), redirected to the "
-         "opener's ingress; there it goes to the listener (refused in a test run: fail open)", [
+    Case("honest-accepted", "a SYN goes on to the origin (recorded, forwarded), its retransmission too; the "
+         "origin's SYN-ACK becomes that very SYN again (MACs, IP fields, options), handed to the listener there "
+         "(refused in a test run, so put in at the opener's interface); there it goes to the listener (refused "
+         "again: fail open)", [
         honest(),
-        Send("access1", H_SYN, TC_ACT_OK, counters=cnt(syns_probed=1)),
+        Send("access1", H_SYN, TC_ACT_REDIRECT, fwd(H_SYN), PROBED),
         expect_syn((CLIENT1, 40170, SERVER1, 80, 1), "probing"),
-        Send("access1", H_SYN, TC_ACT_OK),
-        Send("origin1", reply1(80, 40170, opts=ORIGIN_OPTS, tos=0x48), TC_ACT_REDIRECT, H_SYN,
-             cnt(origin_accepted=1)),
+        Send("access1", H_SYN, TC_ACT_REDIRECT, fwd(H_SYN), BYPASSED),
+        Send("origin1", reply1(80, 40170, opts=ORIGIN_OPTS, tos=0x48), TC_ACT_REDIRECT, H_SYN, ACCEPTED),
         expect_syn((CLIENT1, 40170, SERVER1, 80, 1), "accepted"),
         expect_marks((CLIENT1, 40170, SERVER1, 80, 1), (0x88, 0x48, SUB_OFFERS | ORG_OFFERS, 1460, 1400)),
         # The origin's SYN-ACK again (it had the SYN twice): the RST again (the opener's DSCP), back out,
@@ -697,48 +701,49 @@ CASES = [
              / TCP(sport=40170, dport=80, flags="R", seq=1001, window=0)),
         Send("access1", H_SYN, TC_ACT_REDIRECT, fwd(H_SYN), ASSIGN_REFUSED),
         expect_syn((CLIENT1, 40170, SERVER1, 80, 1), None)]),
-    Case("honest-refused", "the origin's RST answering the probe goes on to the opener (routed by the stack); "
-         "the record goes", [
+    Case("honest-refused", "the origin's RST answering the probe goes on to the opener (forwarded); the record "
+         "goes", [
         honest(),
-        Send("access1", syn1(40171), TC_ACT_OK, counters=cnt(syns_probed=1)),
-        Send("origin1", reply1(80, 40171, flags="RA", seq=0), TC_ACT_OK, counters=cnt(origin_refused=1)),
+        Send("access1", syn1(40171), TC_ACT_REDIRECT, fwd(syn1(40171)), PROBED),
+        Send("origin1", reply1(80, 40171, flags="RA", seq=0), TC_ACT_REDIRECT,
+             fwd(reply1(80, 40171, flags="RA", seq=0)), cnt(origin_refused=1, pkts_bypassed=1)),
         expect_syn((CLIENT1, 40171, SERVER1, 80, 1), None)]),
     Case("honest-ecn", "ECE and CWR of the rebuilt SYN: kept when the origin agreed to ECN (ECE without "
          "CWR), dropped when it did not", [
         honest(),
-        Send("access1", syn1(40172, flags="SEC"), TC_ACT_OK, counters=cnt(syns_probed=1)),
+        Send("access1", syn1(40172, flags="SEC"), TC_ACT_REDIRECT, fwd(syn1(40172, flags="SEC")), PROBED),
         Send("origin1", reply1(80, 40172, flags="SAE"), TC_ACT_REDIRECT, syn1(40172, flags="SEC"),
-             cnt(origin_accepted=1)),
-        Send("access1", syn1(40173, flags="SEC"), TC_ACT_OK, counters=cnt(syns_probed=1)),
+             ACCEPTED),
+        Send("access1", syn1(40173, flags="SEC"), TC_ACT_REDIRECT, fwd(syn1(40173, flags="SEC")), PROBED),
         Send("origin1", reply1(80, 40173, flags="SA"), TC_ACT_REDIRECT, syn1(40173, flags="S"),
-             cnt(origin_accepted=1)),
+             ACCEPTED),
         expect_marks((CLIENT1, 40173, SERVER1, 80, 1),
                      (0, 0, fm.MARK_F_SUB_ECN | fm.MARK_F_SUB_OPTS | fm.MARK_F_ORG_OPTS, 0, 0))]),
     Case("honest-offer", "an origin that offers no SACK and no timestamps: the rebuilt SYN offers neither "
          "(made NOPs), so the proxy's SYN-ACK will not", [
         honest(),
-        Send("access1", syn1(40178, opts=LINUX_OPTS), TC_ACT_OK, counters=cnt(syns_probed=1)),
+        Send("access1", syn1(40178, opts=LINUX_OPTS), TC_ACT_REDIRECT, fwd(syn1(40178, opts=LINUX_OPTS)), PROBED),
         Send("origin1", reply1(80, 40178, opts=(("MSS", 1200),)), TC_ACT_REDIRECT,
-             syn1(40178, opts=(("MSS", 1460), *[("NOP", None)] * 13, ("WScale", 7))), cnt(origin_accepted=1))]),
+             syn1(40178, opts=(("MSS", 1460), *[("NOP", None)] * 13, ("WScale", 7))), ACCEPTED)]),
     Case("honest-v6", "IPv6 (slot 0 made ASSIGN and HONEST): the rebuilt SYN has the opener's traffic class, "
          "flow label and hop limit", [
         graph_flags(0, G0["flags"] | fm.GRAPH_F_ASSIGN | fm.GRAPH_F_HONEST, LPORT0),
-        Send("access", H_SYN6, TC_ACT_OK, counters=cnt(syns_probed=1)),
+        Send("access", H_SYN6, TC_ACT_REDIRECT, fwd(H_SYN6), PROBED),
         Send("origin", reply(80, 40174, src=SERVER6, dst=CLIENT6, ttl=57, opts=ORIGIN_OPTS), TC_ACT_REDIRECT, H_SYN6,
-             cnt(origin_accepted=1))]),
+             ACCEPTED)]),
     Case("honest-not-probed", "a SYN with data (Fast Open) is not probed: to the listener at once", [
         honest(),
         Send("access1", syn1(40175) / b"GET /", TC_ACT_REDIRECT, fwd(syn1(40175) / b"GET /"), ASSIGN_REFUSED)]),
     Case("honest-probe-failed", "an answer that cannot be rewritten (a SYN-ACK with data) makes the flow end "
          "to end: bypass_failopen, the answer forwarded", [
         honest(),
-        Send("access1", syn1(40176), TC_ACT_OK, counters=cnt(syns_probed=1)),
+        Send("access1", syn1(40176), TC_ACT_REDIRECT, fwd(syn1(40176)), PROBED),
         Send("origin1", reply1(80, 40176) / b"x", TC_ACT_REDIRECT, fwd(reply1(80, 40176) / b"x"),
              cnt(probe_failed=1, flows_bypass_failopen=1, pkts_bypassed=1))],
         flows=[Flow(CLIENT1, 40176, SERVER1, 80, "flows_new", "bypass_failopen", state="synack_seen", graph=1)]),
     Case("honest-other-ack", "a SYN-ACK acking another ISN is not the probe's answer", [
         honest(),
-        Send("access1", syn1(40177), TC_ACT_OK, counters=cnt(syns_probed=1)),
+        Send("access1", syn1(40177), TC_ACT_REDIRECT, fwd(syn1(40177)), PROBED),
         Send("origin1", reply1(80, 40177, ack=4242), TC_ACT_OK, counters=NO_FLOW),
         expect_syn((CLIENT1, 40177, SERVER1, 80, 1), "probing")]),
     # -- marks carried across the split (flow_marks.h): made at the SYN, kept from each end, applied out

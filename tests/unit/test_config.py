@@ -583,9 +583,11 @@ def test_lab_template_loads():
         text = f.read()
     for k, v in {"$rid": "t1a2b3c", "$run_dir": "/run/peplab/x", "$proxy": "true", "$interception": "nft",
                  "$ports": '"all"', "$splice": "auto", "$mode": "tcp", "$metrics_port": "9101", "$threads": "1",
-                 "$congestion": "pep_radio", "$experiment": "[graph.experiment]\ncontrol_fraction = 0.2"}.items():
+                 "$congestion": "pep_radio", "$source_port": "any", "$handshake": 'handshake = "early"',
+                 "$experiment": "[graph.experiment]\ncontrol_fraction = 0.2"}.items():
         text = text.replace(k, v)
     cfg = parse(text, "lab.toml", available_cc=CC)
+    assert (cfg.graphs[0].proxy.source_port, cfg.graphs[0].proxy.handshake) == ("any", "early")
     assert cfg.host.instance == "plt1a2b3c"
     assert cfg.host.threads == 1
     assert cfg.graphs[0].experiment.control_fraction == 0.2
