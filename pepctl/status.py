@@ -229,6 +229,10 @@ def print_table(report: dict, out) -> None:
                   f"client's port taken {f['flows_bypass_busy']}, "
                   f"not intercepted {f['flows_not_intercepted']}, "
                   f"to the PEP itself (dropped) {f['syn_to_self']}", file=out)
+            print(f"  {g['name']:<12} handshakes sent to the origin first {f['syns_probed']}: accepted "
+                  f"{f['origin_accepted']}, refused {f['origin_refused']}, answers not rewritten "
+                  f"{f['probe_failed']}; TIME_WAIT sockets reset for a new SYN {f['tw_reset']}, client ports freed "
+                  f"{f['port_freed']}; RSTs passed on to clients {f['resets_to_sub']}", file=out)
             c = g.get("connections", {})
             if "error" not in c:
                 print(f"  {g['name']:<12} connections {c['graph']} of maxconn {c['graph_maxconn']} (instance "

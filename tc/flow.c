@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * The flow datapath of an instance: one tc direct-action program,
- * flow_ingress, on the clsact ingress of c_in (access side) and s_in (origin
- * side) of every graph's namespace. The graph slot and the side come from
- * skb->ifindex (PEP_IFINDEX_BASE + 2 * slot, + 1 for the origin side).
+ * The flow datapath of an instance: the tc direct-action program
+ * flow_ingress on the clsact ingress of c_in (access side) and s_in (origin
+ * side) of every graph's namespace, flow_egress on their egress (the
+ * proxy's own segments carry what the other end marked: flow_marks.h), and
+ * flow_conns (sock_ops) counting each graph's connections. The graph slot
+ * and the side come from skb->ifindex (PEP_IFINDEX_BASE + 2 * slot, + 1 for
+ * the origin side).
  *
  * Each TCP flow is decided on its first SYN (decide_syn, the steps of
  * pep_flow.h in order):
@@ -21,7 +24,9 @@
  *  4b the proxy is full: its accept  BYPASS_OVERLOAD: remembered, forwarded here
  *     queue, or maxconn connections
  *   5 otherwise                     PROXY: TC_ACT_OK (mode bpf: handed to the
- *                                   listener), not remembered
+ *                                   listener), not remembered; or, with the
+ *                                   honest handshake, on to the origin first
+ *                                   (flow_honest.h, syn_answered)
  *
  * Bypassed packets are forwarded at L3 here (flow_fwd.h) for the flow's
  * life (flow_table.h keeps them). With GRAPH_F_ASSIGN, segments of no

@@ -1,17 +1,18 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * The contract between the flow datapath (tc/flow.c, program flow_ingress)
- * and the control plane (pepctl/flow_maps.py). Map names, struct layouts,
- * verdicts, flags and counters live here and only here.
+ * The contract between the flow datapath (tc/flow.c: programs flow_ingress,
+ * flow_egress, flow_conns) and the control plane (pepctl/flow_maps.py). Map
+ * names, struct layouts, verdicts, flags and counters live here and only here.
  *
  * If you change this file, change with it:
  *   - pepctl/flow_maps.py            (struct formats, COUNTERS, flags, map names)
  *   - tests/bpf/test_flow_golden.py  (expected verdicts and counters)
  *   (tests/unit/test_flow_contract.py compares the first with this file)
  *
- * Where it runs: one program and one set of maps per instance, attached to
- * tc clsact ingress of c_in (access side) and s_in (origin side) inside
- * every graph's namespace. The graph and side of a packet come from the
+ * Where it runs: one set of programs and maps per instance. flow_ingress and
+ * flow_egress are attached to tc clsact ingress and egress of c_in (access
+ * side) and s_in (origin side) inside every graph's namespace; flow_conns
+ * (sock_ops) to the root of the host's cgroup v2 hierarchy. The graph and side of a packet come from the
  * interface it arrived on: pepctl gives c_in and s_in of graph slot g the
  * ifindexes PEP_IFINDEX_BASE + 2g and PEP_IFINDEX_BASE + 2g + 1 (ifindexes
  * are per namespace, so every graph's namespace holds the same small set).

@@ -307,7 +307,7 @@ def listener(port: int, up: bool) -> Do:
 
 def time_wait(cport: int, sport: int, at_client: bool = False) -> Do:
     def make(dp):
-        dp.seen["rcv_nxt"] = dp.run_in_ns(_time_wait_at_client if at_client else _time_wait, cport, sport)
+        dp.seen["rcv_nxt"] = dp.run_in_ns(_time_wait, cport, sport, at_client)
     if at_client:
         return Do(f"a TIME_WAIT socket {TW_CLIENT}:{cport} -> {TW_SERVER}:{sport}", make)
     return Do(f"a TIME_WAIT socket {TW_SERVER}:{sport} <- {TW_CLIENT}:{cport}", make)
@@ -1076,58 +1076,8 @@ def _fin_seq(s: socket.socket) -> int:
     return seq
 
 
-def _time_wait_at_client(cport: int, sport: int) -> int:
-    """A TIME_WAIT socket as HAProxy's connection to the origin is left when it closed first: local
-    TW_CLIENT:cport, remote TW_SERVER:sport. Returns its rcv_nxt (the server's FIN's seq + 1)."""
-    srv = socket.socket()
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind((TW_SERVER, sport))
-    srv.listen(1)
-    cli = socket.socket()
-    cli.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    cli.bind((TW_CLIENT, cport))
-    cli.settimeout(5)
-    cli.connect((TW_SERVER, sport))
-    conn, _ = srv.accept()
-    srv.close()
-    try:
-        cli.close()                        # the client's end first: it ends in TIME_WAIT
-        conn.settimeout(5)
-        assert conn.recv(1) == b"", "the server saw data, not the client's FIN"
-        fin_seq = _fin_seq(conn)
-    finally:
-        conn.close()
-    deadline = time.monotonic() + 5
-    while subprocess.run(["ss", "-Htn", "state", "time-wait", "src", f"{TW_CLIENT}:{cport}"], capture_output=True,
-                         text=True).stdout.strip() == "":
-        assert time.monotonic() < deadline, f"no TIME_WAIT socket {TW_CLIENT}:{cport} after 5 s"
-        time.sleep(0.01)
-    return (fin_seq + 1) & 0xFFFFFFFF
-
-
-def _half_gone(cport: int, sport: int) -> socket.socket:
-    """An established connection TW_CLIENT:cport -> TW_SERVER:sport whose client end is gone without a
-    word (closed in repair mode: no FIN, no RST): as HAProxy's accepted socket is before it has made
-    its connection to the origin, no socket has the origin side's 4-tuple. Returns the server end."""
-    srv = socket.socket()
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind((TW_SERVER, sport))
-    srv.listen(1)
-    cli = socket.socket()
-    cli.bind((TW_CLIENT, cport))
-    cli.settimeout(5)
-    cli.connect((TW_SERVER, sport))
-    conn, _ = srv.accept()
-    srv.close()
-    cli.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR, 1)
-    cli.close()
-    return conn
-
-
-def _time_wait(cport: int, sport: int) -> int:
-    """A TIME_WAIT socket as HAProxy's accepted one is left when the proxy closed first: local
-    TW_SERVER:sport, remote TW_CLIENT:cport (a connection over lo, the server's end closed first).
-    Returns its rcv_nxt: the client's FIN's sequence number + 1, read in repair mode before the FIN."""
+def _pair(cport: int, sport: int) -> tuple[socket.socket, socket.socket]:
+    """A connection over lo, TW_CLIENT:cport -> TW_SERVER:sport: (client end, server end)."""
     srv = socket.socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind((TW_SERVER, sport))
@@ -1139,18 +1089,42 @@ def _time_wait(cport: int, sport: int) -> int:
         cli.settimeout(5)
         cli.connect((TW_SERVER, sport))
         conn, _ = srv.accept()
-        srv.close()
-        conn.close()                       # the server's end first: it ends in TIME_WAIT
-        assert cli.recv(1) == b"", "the client saw data, not the server's FIN"
-        fin_seq = _fin_seq(cli)
     finally:
-        cli.close()
+        srv.close()
+    return cli, conn
+
+
+def _time_wait(cport: int, sport: int, at_client: bool = False) -> int:
+    """A TIME_WAIT socket, its end of a _pair closed first: the server's end (local TW_SERVER:sport),
+    as HAProxy's accepted socket is left when the proxy closed first, or (at_client) the client's end,
+    as its connection to the origin is. Returns its rcv_nxt: the other end's FIN's sequence number + 1,
+    read in repair mode before that FIN."""
+    cli, conn = _pair(cport, sport)
+    first, second = (cli, conn) if at_client else (conn, cli)
+    try:
+        first.close()
+        second.settimeout(5)
+        assert second.recv(1) == b"", "the second end saw data, not the first's FIN"
+        fin_seq = _fin_seq(second)
+    finally:
+        second.close()
+    local = f"{TW_CLIENT}:{cport}" if at_client else f"{TW_SERVER}:{sport}"
     deadline = time.monotonic() + 5
-    while subprocess.run(["ss", "-Htn", "state", "time-wait", "src", f"{TW_SERVER}:{sport}"], capture_output=True,
+    while subprocess.run(["ss", "-Htn", "state", "time-wait", "src", local], capture_output=True,
                          text=True).stdout.strip() == "":
-        assert time.monotonic() < deadline, f"no TIME_WAIT socket {TW_SERVER}:{sport} after 5 s"
+        assert time.monotonic() < deadline, f"no TIME_WAIT socket {local} after 5 s"
         time.sleep(0.01)
     return (fin_seq + 1) & 0xFFFFFFFF
+
+
+def _half_gone(cport: int, sport: int) -> socket.socket:
+    """A _pair whose client end is gone without a word (closed in repair mode: no FIN, no RST): as
+    HAProxy's accepted socket is before it has made its connection to the origin, no socket has the
+    origin side's 4-tuple. Returns the server end."""
+    cli, conn = _pair(cport, sport)
+    cli.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR, 1)
+    cli.close()
+    return conn
 
 
 def _rst_close(s: socket.socket) -> None:
