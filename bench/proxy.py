@@ -7,8 +7,9 @@ proxied variant intercepts port 80 only, so the interception modes do the same w
                 the default; its metrics exporter is scraped every 5 s (pepctl/exporter.py:
                 datapath and proxy figures, fail-open polling, tcp_info sampling)
   bpf-early     bpf as before issue 26: the proxy answers a new flow's SYN at once (handshake =
-                "early") and connects from a spare port (source_port = "any"): what the honest
-                handshake and the kept port cost is bpf / bpf-early, paired
+                "early"): what the honest handshake costs is bpf / bpf-early, paired
+  bpf-kept-port bpf connecting from the client's own port (source_port = "kept"): the whole
+                transparency of issue 26 (bpf-kept-port / bpf, paired)
   bpf-radio     bpf with pep_radio toward the subscriber (congestion/) instead of BBR: what the
                 access side's own congestion control costs is bpf-radio / bpf, paired
   no-metrics    bpf without the metrics exporter (metrics_port = 0): what metrics and sampling
@@ -52,7 +53,8 @@ PORT80 = ["--ports", "80"]
 VARIANTS = {
     "routed": ["--no-proxy"],
     "bpf": [*PORT80],
-    "bpf-early": ["--handshake", "early", "--source-port", "any", *PORT80],
+    "bpf-early": ["--handshake", "early", *PORT80],
+    "bpf-kept-port": ["--source-port", "kept", *PORT80],
     "bpf-radio": ["--congestion", "pep_radio", *PORT80],
     "no-metrics": ["--no-metrics", *PORT80],
     "nft": ["--interception", "nft", *PORT80],
@@ -260,7 +262,7 @@ def main() -> int:
     against_nginx = versus_nginx(raw)
     # bpf against the other interception modes, paired rep by rep (the acceptance of issue 11).
     versus = {f"bpf/{v}": paired_ratio(raw["bpf"]["tps"], raw[v]["tps"])
-              for v in ("nft", "route", "no-metrics", "bpf-early") if "bpf" in raw and v in raw}
+              for v in ("nft", "route", "no-metrics", "bpf-early", "bpf-kept-port") if "bpf" in raw and v in raw}
     if {"bpf", "bpf-early"} <= raw.keys():   # issue 26: the honest handshake's cost in TTFB
         versus["bpf/bpf-early ttfb_p50"] = paired_ratio(raw["bpf"]["ttfb_p50_us"], raw["bpf-early"]["ttfb_p50_us"])
     # pep_radio against BBR: the machine's CPU per transaction, and the proxy's own share, paired.

@@ -54,7 +54,7 @@ class GraphProxy:
     splice: str              # "both" | "auto" | "off"
     maxconn: int
     log_connections: bool
-    keep_port: bool = True   # connect from the client's own port (usesrc client), else any free one
+    keep_port: bool = False  # connect from the client's own port (usesrc client), else any free one
 
 
 @dataclass(frozen=True)

@@ -244,7 +244,7 @@ class Lab:
         text = template.substitute(rid=self.rid, run_dir=self.run_dir, proxy=str(proxy).lower(),
                                    interception=opts.interception, ports=ports, splice=opts.splice,
                                    mode=opts.mode, experiment=experiment, threads=getattr(opts, "threads", 0),
-                                   source_port=getattr(opts, "source_port", "kept"),
+                                   source_port=getattr(opts, "source_port", "any"),
                                    handshake=f'handshake = "{handshake}"' if handshake else "",
                                    metrics_port=0 if getattr(opts, "no_metrics", False) else 9101,
                                    congestion=congestion)

@@ -59,7 +59,7 @@ class Proxy:
     mode: str                                 # "tcp" | "http"
     maxconn: int                              # 0 = the host's maxconn (no limit of its own)
     log_connections: bool
-    source_port: str = "kept"                 # "kept" | "any": the proxy connects from the client's port
+    source_port: str = "any"                  # "kept" | "any": the proxy connects from the client's port
     mptcp: str = "bypass"                     # "bypass" | "proxy": a subscriber's MPTCP SYN
     handshake: str = "honest"                 # "honest" | "early": who answers a new flow's SYN first
 
@@ -212,7 +212,7 @@ PROXY_DEFAULTS: dict[str, Any] = {
     "maxconn": 0,
     "log_connections": False,
     # issue 26: what the split hides (README, "Transparency")
-    "source_port": "kept",
+    "source_port": "any",   # "kept": README, "Transparency", says what it gives and risks
     "mptcp": "bypass",
     "handshake": None,      # "honest" in mode bpf, which alone can make it; "early" otherwise
 }

@@ -225,10 +225,9 @@ def print_table(report: dict, out) -> None:
         f = g["flows"]
         if "error" not in f:
             print(f"  {g['name']:<12} flows proxied {f['flows_proxied']}, bypassed by rule {f['flows_bypass_rule']}, "
-                  f"by fail-open {f['flows_bypass_failopen']}, MPTCP {f['flows_bypass_mptcp']}, "
-                  f"client's port taken {f['flows_bypass_busy']}, "
-                  f"not intercepted {f['flows_not_intercepted']}, "
-                  f"to the PEP itself (dropped) {f['syn_to_self']}", file=out)
+                  f"by fail-open {f['flows_bypass_failopen']}, not intercepted {f['flows_not_intercepted']}, "
+                  f"to the PEP itself (dropped) {f['syn_to_self']}; bypassed as MPTCP {f['flows_bypass_mptcp']}, "
+                  f"client's port taken {f['flows_bypass_busy']}", file=out)
             print(f"  {g['name']:<12} handshakes sent to the origin first {f['syns_probed']}: accepted "
                   f"{f['origin_accepted']}, refused {f['origin_refused']}, answers not rewritten "
                   f"{f['probe_failed']}; TIME_WAIT sockets reset for a new SYN {f['tw_reset']}, client ports freed "

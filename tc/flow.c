@@ -389,8 +389,7 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 		verdict = VERDICT_BYPASS_CONTROL;
 	else if ((w->flags & GRAPH_F_ASSIGN) && (act = past_time_wait(skb, p, o, w, retry)) >= 0)
 		return act;
-	else if ((w->flags & GRAPH_F_KEEP_PORT) && (act = origin_side(skb, p, w, retry && (w->flags & GRAPH_F_ASSIGN)))
-		 != PORT_FREE) {
+	else if ((w->flags & GRAPH_F_KEEP_PORT) && (act = origin_side(skb, p, w, retry)) != PORT_FREE) {
 		if (act != PORT_BUSY)
 			return act;
 		verdict = VERDICT_BYPASS_BUSY;

@@ -13,8 +13,8 @@ address family, and reduces what both ends saw to an outcome (a dict): the clien
 (matrix_peer.py client), what the origin logged for that connection (found by the client's port),
 and what packet sockets on the client's and the origin's eth0 captured of it. The PEP's outcome
 must equal the routed one, and both must equal what the case expects, so a case that is broken
-both ways fails too. The lab runs the default mode (interception bpf, handshake honest, source
-port kept).
+both ways fails too. The lab runs the default mode (interception bpf, handshake honest) with the
+client's source port kept (source_port = "kept").
 
 Where the PEP differs by design (not asserted; README, "Transparency"):
   - window scale: each of the proxy's sockets scales its own window (from its own buffer);
@@ -42,6 +42,9 @@ from scapy.layers.l2 import Ether
 from netns.handle import PYTHON, wait_until
 from pepctl import nsutil
 
+# The default mode (interception bpf, handshake honest) with the client's own port kept, the option
+# the carried marks, the port and the resets need (README, "Transparency").
+LAB_OPTIONS = ["--source-port", "kept"]
 PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "matrix_peer.py")
 ORIGIN = {4: "198.19.0.10", 6: "2001:2:0:2::10"}
 SRC = {"pep": {4: "198.18.0.10", 6: "2001:2:0:1::10"}, "routed": {4: "198.18.0.11", 6: "2001:2:0:1::11"}}

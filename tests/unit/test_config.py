@@ -500,13 +500,13 @@ def test_defaults():
     p = g.proxy
     assert (p.enabled, p.interception, p.listen_port, p.splice, p.mode) == (True, "bpf", 50080, "both", "tcp")
     assert (p.maxconn, p.log_connections) == (0, False)
-    assert (p.source_port, p.mptcp, p.handshake) == ("kept", "bypass", "honest"), \
-        "issue 26: the client's port kept, MPTCP end to end, the origin answers first"
+    assert (p.source_port, p.mptcp, p.handshake) == ("any", "bypass", "honest"), \
+        "issue 26: a spare port (README, Transparency), MPTCP end to end, the origin answers first"
     assert (h.supervisor, h.threads, h.maxconn, h.metrics_address, h.metrics_port) == ("auto", 0, 0, "127.0.0.1", 9101)
     assert p.ports == ((80, 80), (443, 443))
 
 
-@pytest.mark.parametrize("key,good,bad", [("source_port", "any", "client"), ("mptcp", "proxy", "terminate"),
+@pytest.mark.parametrize("key,good,bad", [("source_port", "kept", "client"), ("mptcp", "proxy", "terminate"),
                                           ("handshake", "early", "late")])
 def test_transparency_keys(key, good, bad):
     """Each key of issue 26 takes its choices and names them when given another."""
