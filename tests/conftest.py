@@ -16,7 +16,7 @@ import time
 import pytest
 
 from netns.handle import LabHandle
-from pepctl import congestion
+from pepctl import congestion, hostinfo
 from pepctl.names import CONGESTION_DIR, CONGESTION_LOCK, congestion_pins
 from pepctl.register import users_of
 
@@ -58,7 +58,17 @@ def _snapshot() -> dict[str, set[str]]:
             "host folders": {d for d in ("/run/pep", "/run/peplab", "/run/pep-instances", "/var/log/pep")
                              if os.path.exists(d)},
             "congestion controls": _own_congestion(),
+            "cgroup programs": _cgroup_programs(),
             "processes": procs, "links": links}
+
+
+def _cgroup_programs() -> set[str]:
+    """BPF programs attached to the root of the cgroup v2 hierarchy (an instance's flow_conns), by id."""
+    root = hostinfo.cgroup2_root()
+    if root is None:
+        return set()
+    out = subprocess.run(["bpftool", "-j", "cgroup", "show", root], capture_output=True, text=True).stdout
+    return {f"{p['id']}:{p.get('name', '?')}" for p in json.loads(out.strip() or "[]")}
 
 
 def _own_congestion() -> set[str]:
