@@ -94,12 +94,13 @@ LPM6_KEY = struct.Struct("=I4s16s")
 FLOW_KEY = struct.Struct("=16s16s2s2sHBx")
 FLOW_NEW = struct.Struct("=IIIBBxxQ")            # verdict, syn_seq, synack_seq, opener, state, first_seen_ns
 FLOW_EST = struct.Struct("=IIQQBB6x16s")         # verdict, syn_seq, first_seen, last_seen, fins, closing, timer
-FLOW_MARKS = struct.Struct("=BBBxHH")            # sub_dscp, org_dscp, flags, sub_mss, org_mss
+FLOW_MARKS = struct.Struct("=BBBBHH")            # sub_dscp, org_dscp, flags, seen, sub_mss, org_mss
 CONN_TAG = struct.Struct("=I")                   # slot1 (flow_conns' tag of a counted socket)
 # syn_seq, state, opener, tcp_flags, opt_len, window (BE), ttl, tos, ip_word (BE), macs, opts, first_seen_ns
 FLOW_SYN = struct.Struct("=IBBBB2sBB4s12s40s4xQ")
 MARK_F_SUB_ECN, MARK_F_ORG_RESET, MARK_F_SUB_SACK, MARK_F_SUB_TS = 0x1, 0x2, 0x4, 0x8
 MARK_F_ORG_SACK, MARK_F_ORG_TS, MARK_F_SUB_OPTS, MARK_F_ORG_OPTS = 0x10, 0x20, 0x40, 0x80
+MARK_S_SUB_DATA, MARK_S_FIN_HELD = 0x1, 0x2
 U32 = struct.Struct("=I")
 U64 = struct.Struct("=Q")
 

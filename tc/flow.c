@@ -513,29 +513,38 @@ static __always_inline int to_own_socket(struct __sk_buff *skb, const struct tcp
 	return 0;
 }
 
-/* Mode bpf, source_port = "kept": a bare FIN from the subscriber to the
- * proxy's socket (still open: state) before the proxy's own connection to
- * the origin is up. HAProxy 2.6 would abort that connection with a RST ("the
- * client might want to abort": a client that left with nothing to send while
- * the server connection was being made), where the origin, routed, sees the
- * FIN. Dropped, the FIN comes again on the subscriber's retransmission timer,
- * once the connection is up, and goes on as a FIN (fin_deferred). */
+/* Mode bpf: a bare FIN from the subscriber to the proxy's socket (still open:
+ * state) before the proxy's own connection to the origin is up. HAProxy 2.6
+ * would abort that connection with a RST ("the client might want to abort":
+ * a client that left with nothing to send while the server connection was
+ * being made), where the origin, routed, sees the FIN. Dropped, the FIN comes
+ * again on the subscriber's retransmission timer, once the connection is up,
+ * and goes on as a FIN (fin_deferred). With source_port = "kept" the proxy's
+ * connection is found and its state read; else a subscriber that has sent no
+ * data has its first bare FIN held back once. */
 static __always_inline int fin_too_early(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
-					 __u32 state)
+					 const struct flow_key *k, __u32 state)
 {
+	struct flow_marks *m;
 	struct bpf_sock *sk;
 	__u32 b_state;
 
-	if (!(w->flags & GRAPH_F_KEEP_PORT) || w->side != SIDE_ACCESS ||
-	    (p->flags & (TCP_FLAG_FIN | TCP_FLAG_RST | TCP_FLAG_SYN)) != TCP_FLAG_FIN || payload_len(p) ||
-	    (state != BPF_TCP_ESTABLISHED && state != BPF_TCP_SYN_RECV))
+	if (w->side != SIDE_ACCESS || (p->flags & (TCP_FLAG_FIN | TCP_FLAG_RST | TCP_FLAG_SYN)) != TCP_FLAG_FIN ||
+	    payload_len(p) || (state != BPF_TCP_ESTABLISHED && state != BPF_TCP_SYN_RECV))
 		return 0;
-	sk = origin_sock(skb, p);
-	if (!sk)
-		return 1;
-	b_state = sk->state;
-	bpf_sk_release(sk);
-	return b_state == BPF_TCP_SYN_SENT || b_state == BPF_TCP_LISTEN;
+	if (w->flags & GRAPH_F_KEEP_PORT) {
+		sk = origin_sock(skb, p);
+		if (!sk)
+			return 1;
+		b_state = sk->state;
+		bpf_sk_release(sk);
+		return b_state == BPF_TCP_SYN_SENT || b_state == BPF_TCP_LISTEN;
+	}
+	m = bpf_map_lookup_elem(&marks, k);
+	if (!m || (m->seen & (MARK_S_SUB_DATA | MARK_S_FIN_HELD)))
+		return 0;
+	m->seen |= MARK_S_FIN_HELD;
+	return 1;
 }
 
 /* Non-zero when a socket of this namespace owns the segment's 4-tuple (not
@@ -705,7 +714,7 @@ static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const
 	if (w->flags & GRAPH_F_ASSIGN) {
 		own = to_own_socket(skb, p, w, &state);
 		if (!own) {
-			if (fin_too_early(skb, p, w, state)) {
+			if (fin_too_early(skb, p, w, k, state)) {
 				count(w->slot, CNT_FIN_DEFERRED);
 				return TC_ACT_SHOT;
 			}

@@ -137,6 +137,8 @@ static __always_inline void marks_in(const struct flow_key *k, const struct tcp_
 	if (w->side == SIDE_ACCESS) {
 		if (m->sub_dscp != dscp)
 			m->sub_dscp = dscp;
+		if (!(m->seen & MARK_S_SUB_DATA) && payload_len(p))
+			m->seen |= MARK_S_SUB_DATA;
 	} else if (m->org_dscp != dscp) {
 		m->org_dscp = dscp;
 	}

@@ -200,7 +200,7 @@ struct flow_marks {
 	__u8 sub_dscp;        /* the subscriber's DSCP, as the TOS / traffic class byte (ECN bits 0) */
 	__u8 org_dscp;        /* the origin's */
 	__u8 flags;           /* MARK_F_* */
-	__u8 pad;
+	__u8 seen;            /* MARK_S_*: what the flow's segments have shown so far */
 	__u16 sub_mss;        /* host order: the MSS the subscriber's SYN offered; 0: none */
 	__u16 org_mss;        /* the MSS the origin's SYN-ACK offered (honest handshake) */
 };
@@ -218,6 +218,8 @@ struct flow_marks {
 #define MARK_F_ORG_TS    0x20
 #define MARK_F_SUB_OPTS  0x40  /* the subscriber's offer is known (the fields above it) */
 #define MARK_F_ORG_OPTS  0x80  /* the origin's offer is known */
+#define MARK_S_SUB_DATA  0x1   /* the subscriber has sent data (mode bpf) */
+#define MARK_S_FIN_HELD  0x2   /* a FIN of the subscriber's was held back once (fin_deferred) */
 
 /* syns: LRU_HASH flow_key -> flow_syn. The honest handshake (GRAPH_F_HONEST,
  * mode bpf): a first SYN that would be proxied goes on to the origin first,
@@ -341,8 +343,8 @@ enum flow_counter {
 	CNT_PORT_FREED,             /* port kept: the proxy's previous origin-side socket of a client's port,
 				     * its origin done with it too (LAST_ACK, CLOSING, TIME_WAIT), ended by a
 				     * RST so that a new SYN from that port is proxied (sent round again) */
-	CNT_FIN_DEFERRED,           /* port kept, mode bpf: a subscriber's bare FIN dropped, its proxy's
-				     * connection to the origin not up yet (the subscriber sends it again) */
+	CNT_FIN_DEFERRED,           /* mode bpf: a subscriber's bare FIN dropped, before its proxy's
+				     * connection to the origin is up (the subscriber sends it again) */
 	CNT_MAX
 };
 

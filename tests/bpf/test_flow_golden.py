@@ -674,6 +674,21 @@ CASES = [
         Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40191, dport=7105, flags="FPA")
                                   / b"last", 1),
              TC_ACT_OK, counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK)]),
+    Case("fin-deferred-once", "ASSIGN (slot 1), a spare source port: a proxied flow's first bare FIN while "
+         "its subscriber has sent nothing is held back once; the next goes; a subscriber that sent data has "
+         "its FIN go at once", [
+        Do("an accepted connection with no origin side", lambda dp: dp.owned.append(dp.run_in_ns(
+            _half_gone, 40192, 7106))),
+        marks((TW_CLIENT, 40192, TW_SERVER, 7106, 1), 0, 0, fm.MARK_F_SUB_OPTS),
+        Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40192, dport=7106, flags="FA"), 1),
+             TC_ACT_SHOT, counters=cnt(pkts_assigned=1, fin_deferred=1), mark=fm.LOCAL_MARK),
+        Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40192, dport=7106, flags="FA"), 1),
+             TC_ACT_OK, counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
+        marks((TW_CLIENT, 40192, TW_SERVER, 7106, 1), 0, 0, fm.MARK_F_SUB_OPTS),
+        Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40192, dport=7106, flags="PA")
+                                  / b"GET", 1), TC_ACT_OK, counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
+        Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40192, dport=7106, flags="FA"), 1),
+             TC_ACT_OK, counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK)]),
     Case("keep-port-listener", "KEEP_PORT (slot 0): a client port the proxy listens on (50080) is busy: "
          "bind() would fail; without KEEP_PORT it is proxied", [
         Send("access", syn(LPORT0), TC_ACT_OK, counters=NEW_PROXY),
@@ -693,7 +708,7 @@ CASES = [
         Send("access1", H_SYN, TC_ACT_REDIRECT, fwd(H_SYN), BYPASSED),
         Send("origin1", reply1(80, 40170, opts=ORIGIN_OPTS, tos=0x48), TC_ACT_REDIRECT, H_SYN, ACCEPTED),
         expect_syn((CLIENT1, 40170, SERVER1, 80, 1), "accepted"),
-        expect_marks((CLIENT1, 40170, SERVER1, 80, 1), (0x88, 0x48, SUB_OFFERS | ORG_OFFERS, 1460, 1400)),
+        expect_marks((CLIENT1, 40170, SERVER1, 80, 1), (0x88, 0x48, SUB_OFFERS | ORG_OFFERS, 0, 1460, 1400)),
         # The origin's SYN-ACK again (it had the SYN twice): the RST again (the opener's DSCP), back out,
         # never to the opener.
         Send("origin1", reply1(80, 40170, opts=(("MSS", 1400),)), TC_ACT_REDIRECT,
@@ -718,7 +733,7 @@ CASES = [
         Send("origin1", reply1(80, 40173, flags="SA"), TC_ACT_REDIRECT, syn1(40173, flags="S"),
              ACCEPTED),
         expect_marks((CLIENT1, 40173, SERVER1, 80, 1),
-                     (0, 0, fm.MARK_F_SUB_ECN | fm.MARK_F_SUB_OPTS | fm.MARK_F_ORG_OPTS, 0, 0))]),
+                     (0, 0, fm.MARK_F_SUB_ECN | fm.MARK_F_SUB_OPTS | fm.MARK_F_ORG_OPTS, 0, 0, 0))]),
     Case("honest-offer", "an origin that offers no SACK and no timestamps: the rebuilt SYN offers neither "
          "(made NOPs), so the proxy's SYN-ACK will not", [
         honest(),
@@ -750,22 +765,22 @@ CASES = [
     Case("marks-syn", "a proxied SYN with DSCP AF41 (TOS 0x88) that asks ECN (ECE, CWR) and offers Linux's "
          "options leaves its marks; a plain SYN on the same 4-tuple later replaces them", [
         Send("access", syn(40160, flags="SEC", tos=0x88, opts=LINUX_OPTS), TC_ACT_OK, counters=NEW_PROXY),
-        expect_marks((CLIENT, 40160, SERVER, 80), (0x88, 0, fm.MARK_F_SUB_ECN | SUB_OFFERS, 1460, 0)),
+        expect_marks((CLIENT, 40160, SERVER, 80), (0x88, 0, fm.MARK_F_SUB_ECN | SUB_OFFERS, 0, 1460, 0)),
         Send("access", syn(40160, seq=9000), TC_ACT_OK, counters=NEW_PROXY),
-        expect_marks((CLIENT, 40160, SERVER, 80), (0, 0, fm.MARK_F_SUB_OPTS, 0, 0))]),
+        expect_marks((CLIENT, 40160, SERVER, 80), (0, 0, fm.MARK_F_SUB_OPTS, 0, 0, 0))]),
     Case("marks-syn-v6", "IPv6: the DSCP of the traffic class (0xb8: EF), ECN bits aside", [
         Send("access", syn(40161, src=CLIENT6, dst=SERVER6, tc=0xba), TC_ACT_OK, counters=NEW_PROXY),
-        expect_marks((CLIENT6, 40161, SERVER6, 80), (0xb8, 0, fm.MARK_F_SUB_OPTS, 0, 0))]),
+        expect_marks((CLIENT6, 40161, SERVER6, 80), (0xb8, 0, fm.MARK_F_SUB_OPTS, 0, 0, 0))]),
     Case("marks-in", "ASSIGN (slot 1): segments of a proxied flow update each end's DSCP; the origin's RST "
          "sets ORG_RESET", [
         Send("access1", on_access(tcp(*EST_CLIENT, *EST_SERVER, "A", 1, 1, tos=0x28), 1), TC_ACT_OK,
              counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
         Send("origin1", on_origin(tcp(*EST_SERVER, *EST_CLIENT, "A", 1, 1, tos=0x48), 1), TC_ACT_OK,
              counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
-        expect_marks((*EST_CLIENT, *EST_SERVER, 1), (0x28, 0x48, 0, 0, 0)),
+        expect_marks((*EST_CLIENT, *EST_SERVER, 1), (0x28, 0x48, 0, 0, 0, 0)),
         Send("origin1", on_origin(tcp(*EST_SERVER, *EST_CLIENT, "RA", 1, 1, tos=0x48), 1), TC_ACT_OK,
              counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
-        expect_marks((*EST_CLIENT, *EST_SERVER, 1), (0x28, 0x48, fm.MARK_F_ORG_RESET, 0, 0))]),
+        expect_marks((*EST_CLIENT, *EST_SERVER, 1), (0x28, 0x48, fm.MARK_F_ORG_RESET, 0, 0, 0))]),
     Case("egress-ecn", "the proxy's SYN to the origin keeps ECE and CWR only when its subscriber asked; a "
          "forwarded SYN (a bypassed flow's: it came in on c_in) is not the proxy's and keeps them", [
         Send("to-origin", syn(40162, flags="SEC"), TC_ACT_OK, syn(40162, flags="S")),
@@ -1156,7 +1171,8 @@ class FlowDatapath:
         return self.run_in_ns(self.prog.test_run, frame, bpfsys.skb_ctx(SIDES[side][0], mark))
 
     def marks(self, *flow) -> tuple | None:
-        """(sub_dscp, org_dscp, flags) of flow's marks entry (flow_key's arguments), or None."""
+        """(sub_dscp, org_dscp, flags, seen, sub_mss, org_mss) of flow's marks entry (flow_key's
+        arguments), or None."""
         with fm.open_map(self.pins, "marks") as m:
             raw = m.lookup(fm.flow_key(*flow))
         return fm.FLOW_MARKS.unpack(raw) if raw is not None else None
@@ -1170,7 +1186,7 @@ class FlowDatapath:
     def set_marks(self, flow: tuple, sub_dscp: int, org_dscp: int, flags: int, sub_mss: int = 0,
                   org_mss: int = 0) -> None:
         with fm.open_map(self.pins, "marks") as m:
-            m.update(fm.flow_key(*flow), fm.FLOW_MARKS.pack(sub_dscp, org_dscp, flags, sub_mss, org_mss))
+            m.update(fm.flow_key(*flow), fm.FLOW_MARKS.pack(sub_dscp, org_dscp, flags, 0, sub_mss, org_mss))
 
     def counters(self) -> dict[int, dict[str, int]]:
         return {slot: fm.read_counters(self.pins, slot) for slot in SLOTS}
