@@ -161,7 +161,19 @@ def conns_attach_step(pins: str, info: HostInfo) -> Step:
     return Step(f"attach {flow_maps.CONNS_PROGRAM} to the cgroup v2 root {info.cgroup2} (sock_ops: each graph's "
                 "connections, for the fail-open at maxconn)",
                 ["bpftool", "cgroup", "attach", info.cgroup2, "sock_ops", "pinned", prog, "multi"],
-                undo=["bpftool", "cgroup", "detach", info.cgroup2, "sock_ops", "pinned", prog])
+                undo=Call("cgroup_detach", (info.cgroup2, prog),
+                          f"bpftool cgroup detach {info.cgroup2} sock_ops pinned {prog}"))
+
+
+@action("cgroup_detach")
+def _cgroup_detach(root: str, prog: str) -> None:
+    """Detaches the sock_ops program pinned at prog from the cgroup root, if it is attached there (an
+    `up` killed before the attach journaled its undo all the same)."""
+    if not os.path.exists(prog):
+        return
+    pid = run_json(["bpftool", "-j", "prog", "show", "pinned", prog])["id"]
+    if pid in {p["id"] for p in run_json(["bpftool", "-j", "cgroup", "show", root])}:
+        run(["bpftool", "cgroup", "detach", root, "sock_ops", "pinned", prog])
 
 
 def connection_limits(cfg: Config, info: HostInfo) -> tuple[int, dict[str, int]]:
