@@ -6,6 +6,10 @@ proxied variant intercepts port 80 only, so the interception modes do the same w
   bpf           interception in the tc program (bpf_sk_assign), splice request+response, TCP mode:
                 the default; its metrics exporter is scraped every 5 s (pepctl/exporter.py:
                 datapath and proxy figures, fail-open polling, tcp_info sampling)
+  bpf-early     bpf as before issue 26: the proxy answers a new flow's SYN at once (handshake =
+                "early"): what the honest handshake costs is bpf / bpf-early, paired
+  bpf-kept-port bpf connecting from the client's own port (source_port = "kept"): the whole
+                transparency of issue 26 (bpf-kept-port / bpf, paired)
   bpf-radio     bpf with pep_radio toward the subscriber (congestion/) instead of BBR: what the
                 access side's own congestion control costs is bpf-radio / bpf, paired
   no-metrics    bpf without the metrics exporter (metrics_port = 0): what metrics and sampling
@@ -51,6 +55,8 @@ PORT80 = ["--ports", "80"]
 VARIANTS = {
     "routed": ["--no-proxy"],
     "bpf": [*PORT80],
+    "bpf-early": ["--handshake", "early", *PORT80],
+    "bpf-kept-port": ["--source-port", "kept", *PORT80],
     "bpf-radio": ["--congestion", "pep_radio", *PORT80],
     "no-metrics": ["--no-metrics", *PORT80],
     "nft": ["--interception", "nft", *PORT80],
@@ -257,8 +263,10 @@ def main() -> int:
     floor = endpoints_floor(med, proxy_cpu, os.cpu_count() or 1)
     against_nginx = versus_nginx(raw)
     # bpf against the other interception modes, paired rep by rep (the acceptance of issue 11).
-    versus = {f"bpf/{v}": paired_ratio(raw["bpf"]["tps"], raw[v]["tps"]) for v in ("nft", "route", "no-metrics")
-              if "bpf" in raw and v in raw}
+    versus = {f"bpf/{v}": paired_ratio(raw["bpf"]["tps"], raw[v]["tps"])
+              for v in ("nft", "route", "no-metrics", "bpf-early", "bpf-kept-port") if "bpf" in raw and v in raw}
+    if {"bpf", "bpf-early"} <= raw.keys():   # issue 26: the honest handshake's cost in TTFB
+        versus["bpf/bpf-early ttfb_p50"] = paired_ratio(raw["bpf"]["ttfb_p50_us"], raw["bpf-early"]["ttfb_p50_us"])
     # pep_radio against BBR: the machine's CPU per transaction, and the proxy's own share, paired.
     radio = ({"cpu_us_per_tx": paired_ratio(raw["bpf-radio"]["cpu_us_per_tx"], raw["bpf"]["cpu_us_per_tx"]),
               "proxy_cpu_us_per_tx": paired_ratio(own_shares(raw, "bpf-radio"), own_shares(raw, "bpf")),

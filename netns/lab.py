@@ -256,10 +256,13 @@ class Lab:
         # With another engine as the proxy, pepctl's stays off: the graph routes, the engine intercepts.
         proxy = not opts.no_proxy and getattr(opts, "proxy_engine", "haproxy") == "haproxy"
         congestion = getattr(opts, "congestion", DEFAULT_CONGESTION)
+        handshake = getattr(opts, "handshake", None)
         text = template.substitute(rid=self.rid, run_dir=run_dir or self.run_dir, supervisor=supervisor,
                                    proxy=str(proxy).lower(),
                                    interception=opts.interception, ports=ports, splice=opts.splice,
                                    mode=opts.mode, experiment=experiment, threads=getattr(opts, "threads", 0),
+                                   source_port=getattr(opts, "source_port", "any"),
+                                   handshake=f'handshake = "{handshake}"' if handshake else "",
                                    metrics_port=0 if getattr(opts, "no_metrics", False) else 9101,
                                    congestion=congestion)
         proxy = text[text.index("[graph.proxy]"):]

@@ -272,13 +272,17 @@ class TestRun:
 
 _CTX_OUT_MAX = 1024
 SKB_INGRESS_IFINDEX_OFF = 36   # offsetof(struct __sk_buff, ingress_ifindex); ifindex follows at 40
+SKB_MARK_OFF = 8               # offsetof(struct __sk_buff, mark)
 
 
-def skb_ctx(ifindex: int) -> bytes:
-    """A __sk_buff prefix for a tc program's test run: the packet arrived on ifindex
-    (ingress_ifindex and ifindex both set: what bpf_fib_lookup and a program's side lookup read)."""
+def skb_ctx(ifindex: int, mark: int = 0, ingress_ifindex: int | None = None) -> bytes:
+    """A __sk_buff prefix for a tc program's test run: the packet is on ifindex and arrived there
+    (ingress_ifindex, by default ifindex: what bpf_fib_lookup and a program's side lookup read; 0:
+    made on this host, as an egress program sees it), carrying skb mark."""
     ctx = bytearray(SKB_INGRESS_IFINDEX_OFF + 8)
-    struct.pack_into("=II", ctx, SKB_INGRESS_IFINDEX_OFF, ifindex, ifindex)
+    struct.pack_into("=II", ctx, SKB_INGRESS_IFINDEX_OFF, ifindex if ingress_ifindex is None else ingress_ifindex,
+                     ifindex)
+    struct.pack_into("=I", ctx, SKB_MARK_OFF, mark)
     return bytes(ctx)
 
 

@@ -55,13 +55,19 @@ LOG_MAX_BYTES = 256 << 20       # the experiment log is rotated to .1 beyond thi
 # enum flow_counter -> (metric, label value); the rest are per-graph table events.
 FLOW_VERDICTS = {"flows_proxied": "proxied", "flows_bypass_rule": "bypass_rule",
                  "flows_bypass_failopen": "bypass_failopen", "flows_bypass_control": "bypass_control",
-                 "flows_not_intercepted": "not_intercepted", "syn_to_self": "syn_to_self"}
+                 "flows_not_intercepted": "not_intercepted", "syn_to_self": "syn_to_self",
+                 "flows_bypass_mptcp": "bypass_mptcp", "flows_bypass_busy": "bypass_busy",
+                 "flows_bypass_overload": "bypass_overload"}
 PACKET_REASONS = {"pkts_bypassed": "bypassed", "pkts_ttl_expired": "ttl_expired", "pkts_fib_miss": "fib_miss",
                   "pkts_not_tcp": "not_tcp", "pkts_no_flow": "no_flow", "pkts_assigned": "assigned",
                   "pkts_syncookie": "syncookie"}
 TABLE_EVENTS = {"flows_promoted": "promoted", "flows_stale": "stale", "flows_table_full": "table_full",
                 "flows_expired": "expired", "flows_closed": "closed", "assign_failed": "assign_failed",
-                "records_dropped": "record_dropped", "flows_measured": "measured"}
+                "records_dropped": "record_dropped", "flows_measured": "measured",
+                "tw_reset": "tw_reset", "tw_old_syn": "tw_old_syn", "resets_to_sub": "reset_to_subscriber",
+                "syns_probed": "syn_probed", "origin_accepted": "origin_accepted", "origin_refused": "origin_refused",
+                "probe_failed": "probe_failed", "port_freed": "port_freed",
+                "fin_deferred": "fin_deferred"}
 assert set(FLOW_VERDICTS) | set(PACKET_REASONS) | set(TABLE_EVENTS) == set(flow_maps.COUNTERS), \
     "every counter of tc/pep_flow.h has its metric"
 # struct radio_graph_stats counters -> metric (outage_us, the sums and the buckets make the rest).

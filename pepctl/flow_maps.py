@@ -28,8 +28,11 @@ from collections.abc import Iterable
 from . import bpfsys
 
 PROGRAM = "flow_ingress"
+EGRESS_PROGRAM = "flow_egress"
+CONNS_PROGRAM = "flow_conns"                     # sock_ops, on the root of the cgroup v2 hierarchy
 MAPS = ("graphs", "graph_addrs", "bypass_ports", "intercept_ports", "bypass_client4", "bypass_server4",
-        "bypass_client6", "bypass_server6", "flows_new", "flows", "measured", "flow_records", "flow_stats")
+        "bypass_client6", "bypass_server6", "flows_new", "flows", "syns", "marks", "measured", "flow_records",
+        "flow_stats", "netns_slots", "conns")
 
 COUNTERS = (
     "flows_proxied",
@@ -53,20 +56,36 @@ COUNTERS = (
     "flows_bypass_control",
     "flows_measured",
     "records_dropped",
+    "flows_bypass_mptcp",
+    "tw_reset",
+    "tw_old_syn",
+    "flows_bypass_busy",
+    "resets_to_sub",
+    "syns_probed",
+    "origin_accepted",
+    "origin_refused",
+    "probe_failed",
+    "flows_bypass_overload",
+    "port_freed",
+    "fin_deferred",
 )
 
 GRAPHS_MAX = 2048                                # PEP_GRAPHS_MAX
 IFINDEX_BASE = 0x100000                          # PEP_IFINDEX_BASE
 LOCAL_MARK = 1                                   # PEP_LOCAL_MARK
+RETRY_MARK = 2                                   # PEP_RETRY_MARK
 SIDE_ACCESS, SIDE_ORIGIN = 1, 2                  # enum flow_side
-VERDICTS = {1: "proxy", 2: "bypass_rule", 3: "bypass_failopen", 4: "bypass_control"}   # enum flow_verdict
+VERDICTS = {1: "proxy", 2: "bypass_rule", 3: "bypass_failopen", 4: "bypass_control",   # enum flow_verdict
+            5: "bypass_mptcp", 6: "bypass_busy", 7: "bypass_overload"}
 STATES = {1: "syn_seen", 2: "synack_seen"}       # enum flow_state
 GRAPH_F_ENABLED, GRAPH_F_ASSIGN, GRAPH_F_ALL_PORTS, GRAPH_F_ORIGIN_SYNS = 0x1, 0x2, 0x4, 0x8
-GRAPH_F_MEASURE = 0x10
+GRAPH_F_MEASURE, GRAPH_F_PROXY_MPTCP, GRAPH_F_KEEP_PORT, GRAPH_F_HONEST = 0x10, 0x20, 0x40, 0x80
+SYN_STATES = {1: "probing", 2: "accepted"}        # enum syn_state
 PORTS = 65536
 
 # Layouts (native byte order, as the kernel stores them; "x" is explicit padding).
-GRAPH_CONFIG = struct.Struct("=IHHII")           # flags, listen_port, pad, control_below, control_seed
+# flags, listen_port, pad, control_below, control_seed, maxconn, host_maxconn
+GRAPH_CONFIG = struct.Struct("=IHHIIII")
 PORT_KEY = struct.Struct("=II")                  # graph, port
 ADDR_KEY = struct.Struct("=I16s")                # graph, address (IPv4 as ::ffff:a.b.c.d)
 LPM4_KEY = struct.Struct("=I4s4s")               # prefixlen (32 + plen), graph (BE), address
@@ -75,6 +94,13 @@ LPM6_KEY = struct.Struct("=I4s16s")
 FLOW_KEY = struct.Struct("=16s16s2s2sHBx")
 FLOW_NEW = struct.Struct("=IIIBBxxQ")            # verdict, syn_seq, synack_seq, opener, state, first_seen_ns
 FLOW_EST = struct.Struct("=IIQQBB6x16s")         # verdict, syn_seq, first_seen, last_seen, fins, closing, timer
+FLOW_MARKS = struct.Struct("=BBBBHH")            # sub_dscp, org_dscp, flags, seen, sub_mss, org_mss
+CONN_TAG = struct.Struct("=I")                   # slot1 (flow_conns' tag of a counted socket)
+# syn_seq, state, opener, tcp_flags, opt_len, window (BE), ttl, tos, ip_word (BE), macs, opts, first_seen_ns
+FLOW_SYN = struct.Struct("=IBBBB2sBB4s12s40s4xQ")
+MARK_F_SUB_ECN, MARK_F_ORG_RESET, MARK_F_SUB_SACK, MARK_F_SUB_TS = 0x1, 0x2, 0x4, 0x8
+MARK_F_ORG_SACK, MARK_F_ORG_TS, MARK_F_SUB_OPTS, MARK_F_ORG_OPTS = 0x10, 0x20, 0x40, 0x80
+MARK_S_SUB_DATA, MARK_S_FIN_HELD = 0x1, 0x2
 U32 = struct.Struct("=I")
 U64 = struct.Struct("=Q")
 
@@ -186,10 +212,11 @@ def decode_flow(key: bytes, value: bytes) -> dict:
     return out
 
 
-def graph_config(flags: int, listen_port: int, control_below: int = 0, control_seed: int = 0) -> bytes:
+def graph_config(flags: int, listen_port: int, control_below: int = 0, control_seed: int = 0,
+                 maxconn: int = 0, host_maxconn: int = 0) -> bytes:
     if not 0 <= listen_port < PORTS:
         raise ValueError(f"listen_port {listen_port}: use 0-65535")
-    return GRAPH_CONFIG.pack(flags, listen_port, 0, control_below, control_seed)
+    return GRAPH_CONFIG.pack(flags, listen_port, 0, control_below, control_seed, maxconn, host_maxconn)
 
 
 # -- maps of a pin folder -----------------------------------------------------------------------
@@ -286,15 +313,20 @@ def del_rules(pins: str, graph: int, clients: Iterable[str | Network] = (),
 
 
 def set_graph(pins: str, graph: int, flags: int, listen_port: int, addresses: Iterable[str] = (),
-              intercept: Iterable[tuple[int, int]] = (), control: tuple[int, int] = (0, 0)) -> None:
+              intercept: Iterable[tuple[int, int]] = (), control: tuple[int, int] = (0, 0),
+              limits: tuple[int, int] = (0, 0), netns_cookie: int | None = None) -> None:
     """Registers graph slot: its flags and listener, its own addresses, the ports it intercepts,
-    its control group (control_below, control_seed)."""
+    its control group (control_below, control_seed), its connection limits (maxconn, host_maxconn),
+    and its namespace's cookie, by which flow_conns counts the graph's connections."""
+    if netns_cookie is not None:
+        with open_map(pins, "netns_slots") as m:
+            m.update(U64.pack(netns_cookie), U32.pack(graph))
     with open_map(pins, "graph_addrs") as m:
         write_keys(m, [ADDR_KEY.pack(graph, addr16(a)) for a in addresses], PRESENT)
     with open_map(pins, "intercept_ports") as m:
         write_keys(m, port_keys(intercept, graph), PRESENT)
     with open_map(pins, "graphs") as m:
-        m.update(U32.pack(graph), graph_config(flags, listen_port, *control))
+        m.update(U32.pack(graph), graph_config(flags, listen_port, *control, *limits))
 
 
 def set_intercept_ports(pins: str, graph: int, old: Iterable[tuple[int, int]],
@@ -306,9 +338,23 @@ def set_intercept_ports(pins: str, graph: int, old: Iterable[tuple[int, int]],
     del_keys(pins, "intercept_ports", sorted(set(port_keys(old, graph)) - set(new_keys)))
 
 
-def set_flags(pins: str, graph: int, flags: int, listen_port: int, control: tuple[int, int] = (0, 0)) -> None:
+def set_flags(pins: str, graph: int, flags: int, listen_port: int, control: tuple[int, int] = (0, 0),
+              limits: tuple[int, int] = (0, 0)) -> None:
     with open_map(pins, "graphs") as m:
-        m.update(U32.pack(graph), graph_config(flags, listen_port, *control))
+        m.update(U32.pack(graph), graph_config(flags, listen_port, *control, *limits))
+
+
+def read_limits(pins: str, graph: int) -> tuple[int, int]:
+    """(maxconn, host_maxconn) of graph slot: where its new flows go end to end (0: no limit)."""
+    with open_map(pins, "graphs") as m:
+        return GRAPH_CONFIG.unpack(m.lookup(U32.pack(graph)))[5:7]
+
+
+def read_conns(pins: str, graph: int | None = None) -> int:
+    """The connections flow_conns counts for graph slot (None: all the instance's graphs)."""
+    with open_map(pins, "conns") as m:
+        raw = m.lookup(U32.pack(GRAPHS_MAX if graph is None else graph))
+    return U64.unpack(raw)[0] if raw is not None else 0
 
 
 def read_counters(pins: str, graph: int) -> dict[str, int]:

@@ -29,6 +29,7 @@ class HostInfo:
     proxy_user: str              # the proxy's own user (User= of its systemd unit)
     proxy_uid: int | None        # None: no such user on this host
     proxy_gid: int | None
+    cgroup2: str | None = None   # the root of the cgroup v2 hierarchy; None: none mounted
 
 
 def parse_cpulist(text: str) -> list[int]:
@@ -102,7 +103,16 @@ def gather(nic: str, proxy_user: str = "pep") -> HostInfo:
         note = f"NIC {nic} reports no NUMA locality (virtual NIC or single node): using all CPUs {cpus}"
     cc = frozenset((read("/proc/sys/net/ipv4/tcp_available_congestion_control") or "").split())
     return HostInfo(exists, bus, node, tuple(cpus), note,
-                    resource.getrlimit(resource.RLIMIT_NOFILE)[1], cc, proxy_user, *user_ids(proxy_user))
+                    resource.getrlimit(resource.RLIMIT_NOFILE)[1], cc, proxy_user, *user_ids(proxy_user),
+                    cgroup2_root())
+
+
+def cgroup2_root() -> str | None:
+    """Where the cgroup v2 hierarchy is mounted: /sys/fs/cgroup on a unified host (systemd's default
+    since v247), /sys/fs/cgroup/unified on a hybrid one; the shortest path if several; None if none."""
+    with open("/proc/self/mounts") as f:
+        found = [line.split()[1] for line in f if line.split()[2:3] == ["cgroup2"]]
+    return min(found, key=len) if found else None
 
 
 def maxconn_for(nofile: int, graphs: int = 1) -> int:

@@ -10,7 +10,8 @@ Label values:
   direction  steering: in (NIC -> graph), out (graph -> NIC); proxy bytes: in (from clients),
              out (to clients)
   verdict    flows decided on their first SYN (tc/pep_flow.h): proxied, bypass_rule,
-             bypass_failopen, bypass_control, not_intercepted, syn_to_self
+             bypass_failopen, bypass_control, bypass_mptcp, bypass_busy, bypass_overload,
+             not_intercepted, syn_to_self
   reason     steering's trunk reasons (tc/pep_steer.h) and the datapath's packet reasons
   group      the experiment's groups: treated (proxied), control (bypassed)
   size       the experiment's flow size classes (pepctl/experiment.py SIZE_CLASSES)
@@ -50,7 +51,12 @@ CATALOGUE = {m.name: m for m in (
     Metric("pep_datapath_packets_total", "counter", ("graph", "reason"),
            "packets the flow datapath forwarded, handed to a socket, dropped or passed, by reason"),
     Metric("pep_flow_table_events_total", "counter", ("graph", "event"),
-           "flow table events: promoted, stale, table_full, expired, closed, assign_failed, record_dropped"),
+           "flow table events: promoted, stale, table_full, expired, closed, assign_failed, record_dropped; "
+           "tw_reset (a TIME_WAIT socket of the proxy ended for a new SYN), tw_old_syn (a SYN left to one), "
+           "reset_to_subscriber (the proxy's FIN sent as a RST: the origin had reset); the honest handshake's "
+           "syn_probed, origin_accepted, origin_refused, probe_failed; port_freed (the proxy's previous "
+           "connection from a client's port ended for a new flow from it), fin_deferred (a client's FIN "
+           "dropped until the proxy's connection to the origin is up)"),
     Metric("pep_failopen", "gauge", G, "1 while the graph's new flows fail open: no proxy listener"),
     Metric("pep_failopen_switches_total", "counter", G,
            "switches between proxy and fail-open the exporter saw (it looks at HAProxy every second, "

@@ -55,6 +55,19 @@ def in_netns(ns: str | None, fn, *args):
     return box["result"]
 
 
+SO_NETNS_COOKIE = 71   # <asm-generic/socket.h>, Linux 5.14
+
+
+def _cookie_here() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        return struct.unpack("=Q", s.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8))[0]
+
+
+def netns_cookie(ns: str | None) -> int:
+    """The kernel's cookie of namespace ns (None: this one): what BPF's bpf_get_netns_cookie gives."""
+    return in_netns(ns, _cookie_here)
+
+
 def _write_sysctls(pairs: list[tuple[str, str]]) -> None:
     for key, value in pairs:
         path = "/proc/sys/" + key.replace(".", "/")

@@ -69,12 +69,17 @@ NETNS_SYSCTLS = [
     # Splicing one flow into two: keep the window right after idle periods.
     ("net.ipv4.tcp_slow_start_after_idle", "0"),
 ]
+# A proxied graph: the proxy's sockets to the origin ask for ECN, and flow_egress takes the request
+# off the SYN of a flow whose subscriber did not ask (tc/flow_marks.h). Accepted sockets answer as
+# with the kernel's default (2): ECN when the subscriber's SYN asks for it.
+PROXY_SYSCTLS = [("net.ipv4.tcp_ecn", "1")]
 
 
 # -- pieces the lab uses too ---------------------------------------------------------------------
 def loadall_argv(obj: str, pins: str) -> list[str]:
-    """Loads obj's programs under PINS/prog and its maps under PINS/maps."""
-    return ["bpftool", "prog", "loadall", obj, f"{pins}/prog", "type", "classifier", "pinmaps", f"{pins}/maps"]
+    """Loads obj's programs under PINS/prog and its maps under PINS/maps. Each program's type is its
+    section's (SEC("tc"): a classifier; SEC("sockops"))."""
+    return ["bpftool", "prog", "loadall", obj, f"{pins}/prog", "pinmaps", f"{pins}/maps"]
 
 
 def mkdir_step(path: str, mode: int = 0o755, *, uid: int = -1, gid: int = -1, ours: list[str] | None = None,
@@ -145,6 +150,39 @@ def port_attach_batch(pins: str, ports: list[str]) -> str:
 
 
 # -- the instance ----------------------------------------------------------------------------------
+def conns_attach_step(pins: str, info: HostInfo) -> Step:
+    """flow_conns on the root of the cgroup v2 hierarchy, where every socket of the host runs it: it
+    counts each graph's connections, so that a graph at its maxconn fails open (tc/pep_flow.h, step
+    4b). Every instance attaches its own (multi). Without cgroup v2 only a full accept queue does."""
+    if info.cgroup2 is None:
+        return note("flow_conns", "no cgroup v2 hierarchy is mounted: a graph at its maxconn is not seen by "
+                    "the datapath (only a full accept queue makes new flows bypass); mount cgroup2 to have it")
+    prog = f"{pins}/prog/{flow_maps.CONNS_PROGRAM}"
+    return Step(f"attach {flow_maps.CONNS_PROGRAM} to the cgroup v2 root {info.cgroup2} (sock_ops: each graph's "
+                "connections, for the fail-open at maxconn)",
+                ["bpftool", "cgroup", "attach", info.cgroup2, "sock_ops", "pinned", prog, "multi"],
+                undo=Call("cgroup_detach", (info.cgroup2, prog),
+                          f"bpftool cgroup detach {info.cgroup2} sock_ops pinned {prog}"))
+
+
+@action("cgroup_detach")
+def _cgroup_detach(root: str, prog: str) -> None:
+    """Detaches the sock_ops program pinned at prog from the cgroup root, if it is attached there (an
+    `up` killed before the attach journaled its undo all the same)."""
+    if not os.path.exists(prog):
+        return
+    pid = run_json(["bpftool", "-j", "prog", "show", "pinned", prog])["id"]
+    if pid in {p["id"] for p in run_json(["bpftool", "-j", "cgroup", "show", root])}:
+        run(["bpftool", "cgroup", "detach", root, "sock_ops", "pinned", prog])
+
+
+def connection_limits(cfg: Config, info: HostInfo) -> tuple[int, dict[str, int]]:
+    """HAProxy's maxconn: the process's (the host's maxconn, or what the open-file limit allows) and
+    each proxied graph's (its own, at most the process's). The datapath bypasses at the same."""
+    total = cfg.host.maxconn or maxconn_for(info.nofile, len(proxied(cfg)))
+    return total, {g.name: min(g.proxy.maxconn or total, total) for g in proxied(cfg)}
+
+
 def _mounted_bpffs() -> bool:
     with open("/proc/self/mounts") as f:
         return any(line.split()[1] == "/sys/fs/bpf" and line.split()[2] == "bpf" for line in f)
@@ -165,7 +203,8 @@ def host_steps(cfg: Config, info: HostInfo) -> list[Step]:
     if proxied(cfg):
         steps += [mkdir_step(n.flow_pins, 0o700, what=f"create pin folder {n.flow_pins}"),
                   Step("load the flow program and maps (interception, bypass, fail-open)",
-                       loadall_argv(FLOW_OBJ, n.flow_pins))]
+                       loadall_argv(FLOW_OBJ, n.flow_pins)),
+                  conns_attach_step(n.flow_pins, info)]
     steps += [
         mkdir_step(n.dir, 0o750, gid=info.proxy_gid, ours=instance_files(n), what=f"create run folder {n.dir}"),
         mkdir_step(n.proxy_dir, 0o750, uid=info.proxy_uid, gid=info.proxy_gid, ours=proxy_files(n),
@@ -258,6 +297,12 @@ def flow_flags(g: Graph) -> tuple[int, int, tuple[int, int]]:
     if p.one_listener:
         # route mode cannot tell an origin's new flow from a reply by port: access side only.
         flags |= flow_maps.GRAPH_F_ORIGIN_SYNS
+    if p.source_port == "kept":
+        flags |= flow_maps.GRAPH_F_KEEP_PORT
+    if p.mptcp == "proxy":
+        flags |= flow_maps.GRAPH_F_PROXY_MPTCP
+    if p.handshake == "honest":
+        flags |= flow_maps.GRAPH_F_HONEST
     control = (0, 0)
     if g.experiment.on:
         flags |= flow_maps.GRAPH_F_MEASURE
@@ -267,52 +312,57 @@ def flow_flags(g: Graph) -> tuple[int, int, tuple[int, int]]:
 
 @action("flow_graph")
 def _flow_graph(pins: str, slot: int, flags: int, listen_port: int, addrs: list, ports: list,
-                control: list | None = None) -> None:
-    flow_maps.set_graph(pins, slot, flags, listen_port, addrs, [tuple(r) for r in ports], tuple(control or (0, 0)))
+                control: list | None = None, limits: list | None = None, netns: str | None = None) -> None:
+    flow_maps.set_graph(pins, slot, flags, listen_port, addrs, [tuple(r) for r in ports], tuple(control or (0, 0)),
+                        tuple(limits or (0, 0)), nsutil.netns_cookie(netns) if netns else None)
 
 
-def flow_graph_step(cfg: Config, g: Graph, n: GraphNames) -> Step:
+def flow_graph_step(cfg: Config, g: Graph, n: GraphNames, limits: tuple[int, int]) -> Step:
     pins = cfg.instance_names().flow_pins
     flags, listen, control = flow_flags(g)
     addrs = [str(a.ip) for s in (g.access, g.origin) for a in s.addresses]
     ports = [list(r) for r in g.proxy.ports or ()]
     shown = (f"# bpf(2) {pins}/maps: graphs[{n.slot}] = {{flags {flags:#x}, listen_port {listen}"
              + (f", control_below {control[0]}, control_seed {control[1]}" if g.experiment.on else "")
-             + f"}}; graph_addrs += {addrs}; intercept_ports += {ports or 'none (all ports)'}")
+             + f", maxconn {limits[0]}, host_maxconn {limits[1]}}}; graph_addrs += {addrs}; intercept_ports += "
+             f"{ports or 'none (all ports)'}; netns_slots[cookie of {n.netns}] = {n.slot}")
     return Step(f"register graph {g.name} (slot {n.slot}) in the flow maps",
-                Call("flow_graph", (pins, n.slot, flags, listen, addrs, ports, list(control)), shown))
+                Call("flow_graph", (pins, n.slot, flags, listen, addrs, ports, list(control), list(limits), n.netns),
+                     shown))
 
 
 def flow_attach_batch(pins: str) -> str:
     lines = []
     for dev in (C_IN, S_IN):
         lines += [f"qdisc add dev {dev} clsact",
-                  f"filter add dev {dev} ingress pref {FLOW_PREF} handle 1 bpf direct-action object-pinned "
-                  f"{pins}/prog/flow_ingress"]
+                  *(f"filter add dev {dev} {hook} pref {FLOW_PREF} handle 1 bpf direct-action object-pinned "
+                    f"{pins}/prog/{prog}" for hook, prog in (("ingress", flow_maps.PROGRAM),
+                                                             ("egress", flow_maps.EGRESS_PROGRAM)))]
     return "\n".join(lines) + "\n"
 
 
 # Mode bpf hands a new flow's SYN to the listener itself, past the kernel's TIME_WAIT handling: a
-# TIME_WAIT socket left on the same 4-tuple by the proxy's previous connection with that client
-# port would make the kernel drop the new connection as a duplicate (measured: 1,600 then 23
-# transactions in 3 s once clients reused ports). nft's tproxy kills such a socket on the SYN;
-# bpf cannot, so the graph's namespace keeps none: its sockets close without TIME_WAIT (the
-# FIN exchange is unchanged; only the 60 s guard against stray old segments is gone).
-BPF_SYSCTLS = [("net.ipv4.tcp_max_tw_buckets", "0")]
+# TIME_WAIT socket left on the same 4-tuple by the proxy's previous connection would make the
+# listener drop the SYN as a duplicate. The datapath ends such a socket with a RST first, as nft's
+# tproxy does (tc/flow.c past_time_wait), which needs RFC 1337's "ignore RSTs in TIME_WAIT" off:
+# the kernel's default, made sure of here. TIME_WAIT itself is kept (tcp_max_tw_buckets as the
+# kernel sizes it): late segments of a closed connection reach its socket, not the origin.
+BPF_SYSCTLS = [("net.ipv4.tcp_rfc1337", "0")]
 
 
 def graph_steps(cfg: Config, g: Graph) -> list[Step]:
     """The graph's namespace: links, addresses, routes, sysctls."""
     n = cfg.graph_names(g)
-    sysctls = NETNS_SYSCTLS + (BPF_SYSCTLS if g.proxy.enabled and g.proxy.interception == "bpf" else [])
+    sysctls = NETNS_SYSCTLS + (PROXY_SYSCTLS if g.proxy.enabled else []) + \
+        (BPF_SYSCTLS if g.proxy.enabled and g.proxy.interception == "bpf" else [])
     return [Step(f"links, addresses and routes of graph {g.name} in {n.netns}", ["ip", "-n", n.netns, "-batch", "-"],
                  input=graph_batch(cfg, g, n)),
             Step(f"sysctls of {n.netns}", nsutil.sysctls_step_call(n.netns, sysctls))]
 
 
-def graph_proxy_steps(cfg: Config, g: Graph) -> list[Step]:
+def graph_proxy_steps(cfg: Config, g: Graph, limits: tuple[int, int]) -> list[Step]:
     """A proxied graph's interception: policy rules, nft table (mode nft), its flow map entries
-    and bypass rules, and flow_ingress on both links."""
+    and bypass rules, and flow_ingress and flow_egress on both links."""
     n = cfg.graph_names(g)
     ns = n.netns
     inst = cfg.instance_names()
@@ -325,9 +375,9 @@ def graph_proxy_steps(cfg: Config, g: Graph) -> list[Step]:
                             f"cat > {n.nft_file} <<'EOF'\n"
                             f"{render_nft(g, table=n.nft_table, mark=flow_maps.LOCAL_MARK).rstrip()}\nEOF")),
                   Step(f"load nftables table {n.nft_table} in {ns}", in_netns(ns, ["nft", "-f", n.nft_file]))]
-    steps += [flow_graph_step(cfg, g, n),
+    steps += [flow_graph_step(cfg, g, n, limits),
               bypass.install_step(cfg, g),
-              Step(f"attach flow_ingress to c_in and s_in of {ns}", in_netns(ns, ["tc", "-batch", "-"]),
+              Step(f"attach flow_ingress and flow_egress to c_in and s_in of {ns}", in_netns(ns, ["tc", "-batch", "-"]),
                    input=flow_attach_batch(inst.flow_pins))]
     return steps
 
@@ -413,15 +463,15 @@ def haproxy_config(cfg: Config, info: HostInfo) -> str:
     cpus = list(info.cpus)
     if cfg.host.threads:
         cpus = [cpus[i % len(cpus)] for i in range(cfg.host.threads)]
-    total = cfg.host.maxconn or maxconn_for(info.nofile, len(graphs))
+    total, limits = connection_limits(cfg, info)
     proxies = []
     for g in graphs:
         p = g.proxy
         ports = (str(p.listen_port),) if p.one_listener else \
             tuple(_port_arg(lo, hi) for lo, hi in p.ports or ())
         proxies.append(GraphProxy(name=cfg.graph_names(g).proxy, netns=cfg.graph_names(g).netns, ports=ports,
-                                  mode=p.mode, splice=p.splice, maxconn=min(p.maxconn or total, total),
-                                  log_connections=p.log_connections))
+                                  mode=p.mode, splice=p.splice, maxconn=limits[g.name],
+                                  log_connections=p.log_connections, keep_port=p.source_port == "kept"))
     return render(Process(title=f"instance {cfg.host.instance}", cpus=tuple(cpus), maxconn=total), proxies)
 
 
@@ -468,8 +518,9 @@ def build(cfg: Config, info: HostInfo) -> list[Step]:
     steps.append(steer_ports_step(n.steer_pins, ports, cfg.host.nic))
     steps.append(Step("attach port_ingress to the host end of every graph", ["tc", "-batch", "-"],
                       input=port_attach_batch(n.steer_pins, [p for _, p in ports])))
+    total, limits = connection_limits(cfg, info)
     for g in proxied(cfg):
-        steps += graph_proxy_steps(cfg, g)
+        steps += graph_proxy_steps(cfg, g, (limits[g.name], total))
     if proxied(cfg):
         steps += haproxy_steps(cfg, info)
     steps += exporter_steps(cfg)

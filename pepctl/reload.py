@@ -1,10 +1,10 @@
 """`pepctl reload`: apply a changed config without dropping a connection, as a plan.
 
 What may change live: each graph's [graph.proxy] settings (splice, mode, maxconn, logging, the
-intercepted ports, listen_port in modes bpf and nft), [graph.bypass] and [graph.experiment],
-and HAProxy's own [host] settings (threads, maxconn, metrics). Anything structural (VLANs,
-addresses, graphs, interception mode, NIC, folders) needs `down` then `up`; reload says so and
-changes nothing.
+intercepted ports, listen_port in modes bpf and nft, source_port, mptcp, handshake),
+[graph.bypass] and [graph.experiment], and HAProxy's own [host] settings (threads, maxconn,
+metrics). Anything structural (VLANs, addresses, graphs, interception mode, NIC, folders) needs
+`down` then `up`; reload says so and changes nothing.
 
 [routing]: the cluster's hosts and the pinned assignments change live (a host added or taken
 out): FRR's prefix lists are replaced and the routers told, so this host announces the shares
@@ -41,7 +41,7 @@ from . import config as configmod
 from .config import Config, ConfigError, FieldError
 from .hostinfo import HostInfo
 from .names import folder_names, in_netns
-from .plan import flow_flags, haproxy_check_argv, haproxy_config
+from .plan import connection_limits, flow_flags, haproxy_check_argv, haproxy_config
 from .render_nft import render_nft
 from .runner import (
     Call,
@@ -58,7 +58,8 @@ from .runner import (
     write_file,
 )
 
-LIVE_PROXY = {"splice", "mode", "maxconn", "log_connections", "ports", "listen_port"}
+LIVE_PROXY = {"splice", "mode", "maxconn", "log_connections", "ports", "listen_port", "source_port", "mptcp",
+              "handshake"}
 LIVE_HOST = {"threads", "maxconn"}
 LIVE_ROUTING = {"hosts", "assign"}
 
@@ -121,9 +122,10 @@ def steps(cfg: Config, old: Config, info: HostInfo) -> list[Step]:
                                                         f"cat > {n.haproxy_cfg_new} <<'EOF'\n{text.rstrip()}\nEOF"),
                      undo=Call("remove", (n.haproxy_cfg_new,), f"rm {n.haproxy_cfg_new}")),
                 Step(f"check {n.haproxy_cfg_new}", haproxy_check_argv(n, n.haproxy_cfg_new))]
+    limits = graph_limits(cfg, info), graph_limits(old, info)
     for g, o in zip(cfg.graphs, old.graphs, strict=True):
         if g.proxy.enabled:
-            out += graph_steps(cfg, g, o)
+            out += graph_steps(cfg, g, o, limits[0][g.name], limits[1][o.name])
     if cfg.routing is not None and cfg.routing != old.routing:
         out.append(routing_step(cfg, old))
     if proxied:
@@ -138,8 +140,15 @@ def steps(cfg: Config, old: Config, info: HostInfo) -> list[Step]:
     return out
 
 
-def graph_steps(cfg: Config, g, o) -> list[Step]:
-    """A proxied graph's changes: nft table, intercepted ports, flags and listener, bypass rules."""
+def graph_limits(cfg: Config, info: HostInfo) -> dict[str, tuple[int, int]]:
+    """Each proxied graph's (maxconn, host_maxconn): where the datapath sends its new flows end to end."""
+    total, limits = connection_limits(cfg, info)
+    return {name: (maxconn, total) for name, maxconn in limits.items()}
+
+
+def graph_steps(cfg: Config, g, o, limits: tuple[int, int], old_limits: tuple[int, int]) -> list[Step]:
+    """A proxied graph's changes: nft table, intercepted ports, flags (source_port, mptcp and
+    handshake among them), listener and connection limits, bypass rules."""
     gn = cfg.graph_names(g)
     pins = cfg.instance_names().flow_pins
     out = []
@@ -161,13 +170,14 @@ def graph_steps(cfg: Config, g, o) -> list[Step]:
                              f"# bpf(2) {pins}/maps: intercept_ports of slot {gn.slot}: {ports_text(new_ports)}"),
                         undo=Call("intercept_ports", (pins, gn.slot, new_ports, old_ports),
                                   f"intercepted ports of slot {gn.slot} back to {ports_text(old_ports)}")))
-    before, after = list(flow_flags(o)), list(flow_flags(g))
+    before, after = [*flow_flags(o), list(old_limits)], [*flow_flags(g), list(limits)]
     if before != after:
-        flags, listen, control = after
-        out.append(Step(f"flags of graph {g.name}: {flags:#x}, listener port {listen}",
+        flags, listen, control, _ = after
+        out.append(Step(f"flags of graph {g.name}: {flags:#x}, listener port {listen}, maxconn {limits[0]} "
+                        f"(the instance's {limits[1]})",
                         Call("graph_flags", (pins, gn.slot, *after),
                              f"# bpf(2) {pins}/maps: graphs[{gn.slot}] = {{flags {flags:#x}, listen_port {listen}, "
-                             f"control {list(control)}}}"),
+                             f"control {list(control)}, maxconn {limits[0]}, host_maxconn {limits[1]}}}"),
                         undo=Call("graph_flags", (pins, gn.slot, *before), f"graphs[{gn.slot}] back as it was")))
     live = bypass.read_live(cfg, g)
     rules_before, rules_after = bypass.config_rules(o.bypass) | live, bypass.config_rules(g.bypass) | live
@@ -215,8 +225,9 @@ def _intercept_ports(pins: str, slot: int, old: list, new: list) -> None:
 
 
 @action("graph_flags")
-def _graph_flags(pins: str, slot: int, flags: int, listen_port: int, control: list) -> None:
-    flow_maps.set_flags(pins, slot, flags, listen_port, tuple(control))
+def _graph_flags(pins: str, slot: int, flags: int, listen_port: int, control: list,
+                 limits: list | None = None) -> None:
+    flow_maps.set_flags(pins, slot, flags, listen_port, tuple(control), tuple(limits or (0, 0)))
 
 
 @action("haproxy_reload")

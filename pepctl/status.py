@@ -20,7 +20,7 @@ import time
 
 from haproxy import stats
 
-from . import bypass, congestion, drain, nsutil, radio_maps, service, steering
+from . import bypass, congestion, drain, flow_maps, nsutil, radio_maps, service, steering
 from .config import Config, Graph
 from .names import congestion_pins, netns_path
 from .runner import Journal, StepError, run_json
@@ -104,6 +104,14 @@ def _when(t: float | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) if t else None
 
 
+def connections(pins: str, slot: int) -> dict:
+    """The graph's connections as the datapath counts them (flow_conns), against the limits at which
+    its new flows go end to end (tc/pep_flow.h, step 4b)."""
+    maxconn, host_maxconn = flow_maps.read_limits(pins, slot)
+    return {"graph": flow_maps.read_conns(pins, slot), "graph_maxconn": maxconn,
+            "instance": flow_maps.read_conns(pins), "instance_maxconn": host_maxconn}
+
+
 def collect(cfg: Config) -> dict:
     n = cfg.instance_names()
     journal = Journal(n.journal)
@@ -135,6 +143,7 @@ def collect(cfg: Config) -> dict:
             entry["proxy"].update(graph_mode(cfg, g))
             entry["proxy"]["haproxy"] = hap.get(gn.proxy, {}) if "error" not in hap else hap
             entry["flows"] = _safe(bypass.counters, cfg, g)
+            entry["connections"] = _safe(connections, n.flow_pins, gn.slot)
             entry["experiment"] = {"control_fraction": g.experiment.control_fraction, "seed": g.experiment.seed}
         entry["congestion"] = {"access": g.access.congestion, "origin": g.origin.congestion}
         if g.access.congestion == radio_maps.NAME:
@@ -217,7 +226,17 @@ def print_table(report: dict, out) -> None:
         if "error" not in f:
             print(f"  {g['name']:<12} flows proxied {f['flows_proxied']}, bypassed by rule {f['flows_bypass_rule']}, "
                   f"by fail-open {f['flows_bypass_failopen']}, not intercepted {f['flows_not_intercepted']}, "
-                  f"to the PEP itself (dropped) {f['syn_to_self']}", file=out)
+                  f"to the PEP itself (dropped) {f['syn_to_self']}; bypassed as MPTCP {f['flows_bypass_mptcp']}, "
+                  f"client's port taken {f['flows_bypass_busy']}", file=out)
+            print(f"  {g['name']:<12} handshakes sent to the origin first {f['syns_probed']}: accepted "
+                  f"{f['origin_accepted']}, refused {f['origin_refused']}, answers not rewritten "
+                  f"{f['probe_failed']}; TIME_WAIT sockets reset for a new SYN {f['tw_reset']}, client ports freed "
+                  f"{f['port_freed']}; RSTs passed on to clients {f['resets_to_sub']}", file=out)
+            c = g.get("connections", {})
+            if "error" not in c:
+                print(f"  {g['name']:<12} connections {c['graph']} of maxconn {c['graph_maxconn']} (instance "
+                      f"{c['instance']} of {c['instance_maxconn']}); new flows bypassed as overload "
+                      f"{f['flows_bypass_overload']}", file=out)
             x = g["experiment"]
             if x["control_fraction"]:
                 print(f"  {g['name']:<12} experiment: control group {x['control_fraction']:.0%} of subscribers; flows "

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * The flow datapath of an instance: one tc direct-action program,
- * flow_ingress, on the clsact ingress of c_in (access side) and s_in (origin
- * side) of every graph's namespace. The graph slot and the side come from
- * skb->ifindex (PEP_IFINDEX_BASE + 2 * slot, + 1 for the origin side).
+ * The flow datapath of an instance: the tc direct-action program
+ * flow_ingress on the clsact ingress of c_in (access side) and s_in (origin
+ * side) of every graph's namespace, flow_egress on their egress (the
+ * proxy's own segments carry what the other end marked: flow_marks.h), and
+ * flow_conns (sock_ops) counting each graph's connections. The graph slot
+ * and the side come from skb->ifindex (PEP_IFINDEX_BASE + 2 * slot, + 1 for
+ * the origin side).
  *
  * Each TCP flow is decided on its first SYN (decide_syn, the steps of
  * pep_flow.h in order):
@@ -11,11 +14,19 @@
  *   1 to the graph's own addresses  TC_ACT_SHOT (syn_to_self)
  *   2 port or direction not ours    TC_ACT_OK, not remembered (flows_not_intercepted)
  *   3 a bypass rule matches         BYPASS_RULE: remembered, forwarded here
+ *  3a an MPTCP option (and not      BYPASS_MPTCP: remembered, forwarded here
+ *     mptcp = "proxy")
  *  3b a control-group subscriber    BYPASS_CONTROL: remembered, forwarded here
+ *  3c the client's port is taken    BYPASS_BUSY: remembered, forwarded here
+ *     on the origin side (port kept)
  *   4 no proxy listener, or (mode   BYPASS_FAILOPEN: remembered, forwarded here
  *     bpf) the hand-over refused
+ *  4b the proxy is full: its accept  BYPASS_OVERLOAD: remembered, forwarded here
+ *     queue, or maxconn connections
  *   5 otherwise                     PROXY: TC_ACT_OK (mode bpf: handed to the
- *                                   listener), not remembered
+ *                                   listener), not remembered; or, with the
+ *                                   honest handshake, on to the origin first
+ *                                   (flow_honest.h, syn_answered)
  *
  * Bypassed packets are forwarded at L3 here (flow_fwd.h) for the flow's
  * life (flow_table.h keeps them). With GRAPH_F_ASSIGN, segments of no
@@ -33,8 +44,11 @@
 #include <bpf/bpf_helpers.h>
 
 #include "pep_flow.h"
+#include "flow_craft.h"
 #include "flow_fwd.h"
+#include "flow_honest.h"
 #include "flow_maps.h"
+#include "flow_marks.h"
 #include "flow_measure.h"
 #include "flow_parse.h"
 #include "flow_sock.h"
@@ -66,6 +80,8 @@ static __always_inline int where_from(__u32 ifindex, struct where *w)
 	w->listen_port = g->listen_port;
 	w->control_below = g->control_below;
 	w->control_seed = g->control_seed;
+	w->maxconn = g->maxconn;
+	w->host_maxconn = g->host_maxconn;
 	return 0;
 }
 
@@ -133,9 +149,32 @@ static __always_inline int rule_hit(const struct flow_key *k, const struct where
 	return present(bpf_map_lookup_elem(&bypass_ports, &pk));
 }
 
+/* Step 4b: whether the proxy could take a new connection now. Its listener
+ * (a reference the caller holds): its accept queue. The graph, and the
+ * instance: their connections (conns) against their maxconn. */
+static __always_inline int overloaded(struct bpf_sock *listener, const struct where *w)
+{
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(listener);
+	__u32 all = PEP_GRAPHS_MAX, slot = w->slot;
+	__u64 *n;
+
+	/* Full as the kernel judges it (sk_acceptq_is_full): it would drop the handshake's last ACK. */
+	if (tp && tp->inet_conn.icsk_inet.sk.sk_ack_backlog > tp->inet_conn.icsk_inet.sk.sk_max_ack_backlog)
+		return 1;
+	if (w->maxconn && (n = bpf_map_lookup_elem(&conns, &slot)) && *n >= w->maxconn)
+		return 1;
+	return w->host_maxconn && (n = bpf_map_lookup_elem(&conns, &all)) && *n >= w->host_maxconn;
+}
+
+/* to_proxy's answer when a listener would take the SYN but the origin is to
+ * answer it first (the honest handshake): not a verdict of the contract. */
+#define VERDICT_PROBE 0x100
+
 /* Steps 4 and 5: PROXY when a listener takes the SYN (counted, and in mode
- * bpf handed over and marked), else BYPASS_FAILOPEN. */
-static __always_inline __u32 to_proxy(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w)
+ * bpf handed over and marked), else BYPASS_FAILOPEN. With probe, a SYN a
+ * listener would take is left as it is: VERDICT_PROBE. */
+static __always_inline __u32 to_proxy(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
+				      int probe)
 {
 	struct bpf_sock *sk;
 	__u32 verdict = VERDICT_PROXY;
@@ -161,6 +200,14 @@ static __always_inline __u32 to_proxy(struct __sk_buff *skb, const struct tcp_pk
 
 	if (!sk)
 		return VERDICT_BYPASS_FAILOPEN;  /* the proxy is down: fail open */
+	if (overloaded(sk, w)) {
+		bpf_sk_release(sk);
+		return VERDICT_BYPASS_OVERLOAD;
+	}
+	if (probe) {
+		bpf_sk_release(sk);
+		return VERDICT_PROBE;
+	}
 	if (w->flags & GRAPH_F_ASSIGN) {
 		if (hand_to(skb, sk)) {
 			count(w->slot, CNT_ASSIGN_FAILED);
@@ -173,12 +220,140 @@ static __always_inline __u32 to_proxy(struct __sk_buff *skb, const struct tcp_pk
 	return verdict;
 }
 
+/* Sends a SYN round again (a copy to this interface's ingress, marked
+ * PEP_RETRY_MARK, decided again when it comes back) after making the SYN
+ * itself the RST, sequence number seq, that ends a socket of the proxy in
+ * its way (reverse: a RST as from the origin). That RST is delivered here
+ * and now, before the copy comes back. -1: no copy could be made (nothing
+ * changed); else the tc verdict. */
+static __always_inline int end_then_retry(struct __sk_buff *skb, const struct tcp_pkt *p, __u32 seq, int reverse)
+{
+	skb->mark = PEP_RETRY_MARK;
+	if (bpf_clone_redirect(skb, skb->ifindex, BPF_F_INGRESS)) {
+		skb->mark = 0;
+		return -1;
+	}
+	if (make_rst(skb, p, seq, reverse))
+		return TC_ACT_SHOT;   /* half-made; the copy finds the socket still there */
+	skb->mark = PEP_LOCAL_MARK;
+	return TC_ACT_OK;
+}
+
+/* Mode bpf, a SYN about to be proxied, a TIME_WAIT socket of the proxy on
+ * its 4-tuple (HAProxy's accepted socket, when the proxy closed first): the
+ * listener would drop the SYN as a duplicate of it, and the kernel's own
+ * lookup, which lets a SYN past TIME_WAIT, looks for a listener on the
+ * origin's port and finds none. So when the kernel would let this SYN past
+ * (tw_takes_syn), it ends the socket (seq = its rcv_nxt; net.ipv4.tcp_rfc1337
+ * = 0 in the graph's namespace) and goes round again (end_then_retry), as
+ * nft's tproxy does. A SYN it would not let past, or one back from its round
+ * that finds the socket still there (retry), goes to the TIME_WAIT socket,
+ * which answers as the kernel does (an ACK). -1: no TIME_WAIT socket. */
+static __always_inline int past_time_wait(struct __sk_buff *skb, const struct tcp_pkt *p, const struct syn_opts *o,
+					  const struct where *w, int retry)
+{
+	struct bpf_sock *sk = sock_for(skb, p, p->dport);
+	__u32 rcv_nxt = 0;
+	int takes, act;
+
+	if (!sk)
+		return -1;
+	if (sk->state != BPF_TCP_TIME_WAIT) {
+		bpf_sk_release(sk);
+		return -1;
+	}
+	takes = !retry && !o->payload && tw_takes_syn(sk, p, o, &rcv_nxt);
+	bpf_sk_release(sk);
+	if (takes && (act = end_then_retry(skb, p, rcv_nxt, 0)) >= 0) {
+		count(w->slot, CNT_TW_RESET);
+		return act;
+	}
+	skb->mark = PEP_LOCAL_MARK;
+	count(w->slot, CNT_TW_OLD_SYN);
+	return TC_ACT_OK;
+}
+
+#define PORT_FREE -1
+#define PORT_BUSY -2
+
+/* With source_port = "kept": the socket of the proxy's own connection to the
+ * origin for the flow of p, a segment from the subscriber (found as a segment
+ * from the origin would find it), or a listener on the subscriber's port (the
+ * lookup falls back to one); NULL if neither. The caller releases it. */
+static __always_inline struct bpf_sock *origin_sock(struct __sk_buff *skb, const struct tcp_pkt *p)
+{
+	struct tcp_pkt back = {
+		.family = p->family,
+		.sport = p->dport,
+	};
+
+	if (p->family == 4) {
+		back.ip.v4.saddr = p->ip.v4.daddr;
+		back.ip.v4.daddr = p->ip.v4.saddr;
+	} else {
+		__builtin_memcpy(back.src, p->dst, 16);
+		__builtin_memcpy(back.dst, p->src, 16);
+	}
+	return sock_for(skb, &back, p->sport);
+}
+
+/* GRAPH_F_KEEP_PORT: whether the proxy can connect to the origin from the
+ * client's own address and port. A listener on that port (the lookup falls
+ * back to one: HAProxy's own) makes bind() fail: PORT_BUSY. A socket of the
+ * origin side's 4-tuple (as a segment from the origin finds it: HAProxy's
+ * previous connection from that port) makes connect() fail: PORT_BUSY while
+ * it is open or waits for the origin's FIN; one whose origin has closed too
+ * (LAST_ACK, CLOSING, TIME_WAIT: the client reused its port before that
+ * connection's last ACK, or within TIME_WAIT) is ended by a RST as from the
+ * origin (seq = its rcv_nxt) and the SYN goes round again (end_then_retry;
+ * counted port_freed). PORT_FREE, or the tc verdict. */
+static __always_inline int origin_side(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
+				       int retry)
+{
+	struct bpf_sock *sk = origin_sock(skb, p);
+	struct tcp_timewait_sock *tw;
+	struct tcp_sock *tp;
+	__u32 state, rcv_nxt = 0;
+	int act, known = 0;
+
+	if (!sk)
+		return PORT_FREE;
+	state = sk->state;
+	if (state == BPF_TCP_TIME_WAIT) {
+		tw = bpf_skc_to_tcp_timewait_sock(sk);
+		if (tw) {
+			rcv_nxt = tw->tw_sk.__tw_common.skc_tw_rcv_nxt;
+			known = 1;
+		}
+	} else if (state == BPF_TCP_LAST_ACK || state == BPF_TCP_CLOSING) {
+		tp = bpf_skc_to_tcp_sock(sk);
+		if (tp) {
+			rcv_nxt = tp->rcv_nxt;
+			known = 1;
+		}
+	}
+	bpf_sk_release(sk);
+	if (!known || retry)
+		return PORT_BUSY;
+	act = end_then_retry(skb, p, rcv_nxt, 1);
+	if (act < 0)
+		return PORT_BUSY;
+	count(w->slot, CNT_PORT_FREED);
+	return act;
+}
+
 static __always_inline __u32 verdict_counter(__u32 verdict)
 {
 	if (verdict == VERDICT_BYPASS_RULE)
 		return CNT_FLOWS_BYPASS_RULE;
 	if (verdict == VERDICT_BYPASS_CONTROL)
 		return CNT_FLOWS_BYPASS_CONTROL;
+	if (verdict == VERDICT_BYPASS_MPTCP)
+		return CNT_FLOWS_BYPASS_MPTCP;
+	if (verdict == VERDICT_BYPASS_BUSY)
+		return CNT_FLOWS_BYPASS_BUSY;
+	if (verdict == VERDICT_BYPASS_OVERLOAD)
+		return CNT_FLOWS_BYPASS_OVERLOAD;
 	return CNT_FLOWS_BYPASS_FAILOPEN;
 }
 
@@ -186,8 +361,13 @@ static __always_inline __u32 verdict_counter(__u32 verdict)
 static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
 				      const struct flow_key *k)
 {
+	int retry = skb->mark == PEP_RETRY_MARK, act;
+	struct craft_buf *b = craft_buf();
+	struct syn_opts *o;
 	__u32 verdict;
 
+	if (retry)
+		skb->mark = 0;   /* back from a round of end_then_retry: decided again */
 	if (to_self(w, p)) {
 		/* Dropped: the PEP accepts no connection to itself through its
 		 * graphs, and no proxy must answer for its addresses. */
@@ -196,13 +376,36 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 	}
 	if (!intercepted(w, p))
 		return pass(w, CNT_FLOWS_NOT_INTERCEPTED);
+	if (!b)
+		return TC_ACT_OK;   /* never: the per-CPU scratch always exists */
+	o = &b->opts;
+	if (read_syn_opts(skb, p, o))
+		return pass(w, CNT_PKTS_NOT_TCP);   /* a header the stack will judge (and drop) */
 	if (rule_hit(k, w, p))
 		verdict = VERDICT_BYPASS_RULE;
+	else if (o->mptcp && !(w->flags & GRAPH_F_PROXY_MPTCP))
+		verdict = VERDICT_BYPASS_MPTCP;
 	else if (in_control(k, w))
 		verdict = VERDICT_BYPASS_CONTROL;
-	else
-		verdict = to_proxy(skb, p, w);
+	else if ((w->flags & GRAPH_F_ASSIGN) && (act = past_time_wait(skb, p, o, w, retry)) >= 0)
+		return act;
+	else if ((w->flags & GRAPH_F_KEEP_PORT) && (act = origin_side(skb, p, w, retry)) != PORT_FREE) {
+		if (act != PORT_BUSY)
+			return act;
+		verdict = VERDICT_BYPASS_BUSY;
+	} else
+		verdict = to_proxy(skb, p, w, (w->flags & GRAPH_F_HONEST) && (w->flags & GRAPH_F_ASSIGN) &&
+				   probeable(p, o));
+	if (verdict == VERDICT_PROBE) {
+		/* On to the origin, forwarded as a bypassed flow's SYN is. */
+		syn_record(skb, k, p, o, w->side, 0);
+		marks_syn(k, p, o);
+		count(w->slot, CNT_SYNS_PROBED);
+		measure_start(k, p, w, GROUP_TREATED);
+		return forward(skb, p, w->slot);
+	}
 	if (verdict == VERDICT_PROXY) {
+		marks_syn(k, p, o);
 		measure_start(k, p, w, GROUP_TREATED);
 		return TC_ACT_OK;
 	}
@@ -213,11 +416,50 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 	return forward(skb, p, w->slot);
 }
 
+/* The honest handshake, a first SYN of a flow with a record: a retransmission
+ * while the origin has not answered goes on again (its record refreshed); the
+ * SYN rebuilt once it answered SYN-ACK (or a retransmission since) goes to
+ * the listener, or, gone meanwhile, end to end. -1: no record of this SYN. */
+static __always_inline int honest_syn(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
+				      const struct flow_key *k)
+{
+	struct flow_syn *r = bpf_map_lookup_elem(&syns, k);
+	struct craft_buf *b;
+	__u32 verdict;
+
+	if (!r)
+		return -1;
+	if (r->syn_seq != p->seq || r->opener != w->side) {
+		bpf_map_delete_elem(&syns, k);   /* the 4-tuple reused: a new flow */
+		return -1;
+	}
+	if (r->state == SYN_PROBING) {
+		b = craft_buf();
+		if (b && !read_syn_opts(skb, p, &b->opts) && probeable(p, &b->opts))
+			syn_record(skb, k, p, &b->opts, w->side, r->first_seen_ns);
+		return forward(skb, p, w->slot);
+	}
+	verdict = to_proxy(skb, p, w, 0);
+	if (verdict == VERDICT_PROXY)
+		return TC_ACT_OK;
+	bpf_map_delete_elem(&syns, k);
+	remember(k, p, w, verdict);
+	count(w->slot, verdict_counter(verdict));
+	return forward(skb, p, w->slot);
+}
+
 static __always_inline int first_syn(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
 				     const struct flow_key *k)
 {
 	const struct flow_new *n = bpf_map_lookup_elem(&flows_new, k);
 	const struct flow_est *e;
+	int act;
+
+	if (w->flags & GRAPH_F_HONEST) {
+		act = honest_syn(skb, p, w, k);
+		if (act >= 0)
+			return act;
+	}
 
 	if (n) {
 		if (n->syn_seq == p->seq)
@@ -233,6 +475,12 @@ static __always_inline int first_syn(struct __sk_buff *skb, const struct tcp_pkt
 	return decide_syn(skb, p, w, k);
 }
 
+static __always_inline void mark_own(struct __sk_buff *skb, const struct where *w)
+{
+	skb->mark = PEP_LOCAL_MARK;
+	count(w->slot, CNT_PKTS_ASSIGNED);
+}
+
 /* Mode bpf: a segment of a flow the proxy holds a socket for. Zero: it has
  * one, and the segment is marked for local delivery (counted pkts_assigned);
  * the kernel's own early demultiplexing then finds that very socket and
@@ -240,8 +488,11 @@ static __always_inline int first_syn(struct __sk_buff *skb, const struct tcp_pkt
  * would skip that cache and cost a policy-routing lookup per packet (measured:
  * 0.86 of routing's 10 MB rate against 0.95 without interception in tc).
  * Tried before the flow tables: almost every segment in this mode is a
- * proxied flow's; a bypassed flow pays one lookup that finds nothing. */
-static __always_inline int to_own_socket(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w)
+ * proxied flow's; a bypassed flow pays one lookup that finds nothing.
+ * 1: the 4-tuple's socket is in TIME_WAIT, not marked yet: a bypassed flow
+ * may have taken the 4-tuple since (the caller looks first). -1: none. */
+static __always_inline int to_own_socket(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
+					 __u32 *state_out)
 {
 	struct bpf_sock *sk = sock_for(skb, p, p->dport);
 	__u32 state;
@@ -249,15 +500,51 @@ static __always_inline int to_own_socket(struct __sk_buff *skb, const struct tcp
 	if (!sk)
 		return -1;
 	state = sk->state;
+	*state_out = state;
 	bpf_sk_release(sk);
 	/* The lookup falls back to a listener on the segment's port: a
 	 * bypassed flow to or from the listener's port (50080) is not the
 	 * listener's. Only a socket of this very 4-tuple is the flow's. */
 	if (state == BPF_TCP_LISTEN)
 		return -1;
-	skb->mark = PEP_LOCAL_MARK;
-	count(w->slot, CNT_PKTS_ASSIGNED);
+	if (state == BPF_TCP_TIME_WAIT)
+		return 1;
+	mark_own(skb, w);
 	return 0;
+}
+
+/* Mode bpf: a bare FIN from the subscriber to the proxy's socket (still open:
+ * state) before the proxy's own connection to the origin is up. HAProxy 2.6
+ * would abort that connection with a RST ("the client might want to abort":
+ * a client that left with nothing to send while the server connection was
+ * being made), where the origin, routed, sees the FIN. Dropped, the FIN comes
+ * again on the subscriber's retransmission timer, once the connection is up,
+ * and goes on as a FIN (fin_deferred). With source_port = "kept" the proxy's
+ * connection is found and its state read; else a subscriber that has sent no
+ * data has its first bare FIN held back once. */
+static __always_inline int fin_too_early(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
+					 const struct flow_key *k, __u32 state)
+{
+	struct flow_marks *m;
+	struct bpf_sock *sk;
+	__u32 b_state;
+
+	if (w->side != SIDE_ACCESS || (p->flags & (TCP_FLAG_FIN | TCP_FLAG_RST | TCP_FLAG_SYN)) != TCP_FLAG_FIN ||
+	    payload_len(p) || (state != BPF_TCP_ESTABLISHED && state != BPF_TCP_SYN_RECV))
+		return 0;
+	if (w->flags & GRAPH_F_KEEP_PORT) {
+		sk = origin_sock(skb, p);
+		if (!sk)
+			return 1;
+		b_state = sk->state;
+		bpf_sk_release(sk);
+		return b_state == BPF_TCP_SYN_SENT || b_state == BPF_TCP_LISTEN;
+	}
+	m = bpf_map_lookup_elem(&marks, k);
+	if (!m || (m->seen & (MARK_S_SUB_DATA | MARK_S_FIN_HELD)))
+		return 0;
+	m->seen |= MARK_S_FIN_HELD;
+	return 1;
 }
 
 /* Non-zero when a socket of this namespace owns the segment's 4-tuple (not
@@ -308,6 +595,8 @@ static __always_inline int no_flow(struct __sk_buff *skb, struct tcp_pkt *p, con
 	if (others && rule_hit(k, w, p) && service_port_intercepted(w, p) &&
 	    ((w->flags & GRAPH_F_ASSIGN) || !owned(skb, p)))
 		return forward(skb, p, w->slot);
+	if (!(w->flags & GRAPH_F_ASSIGN))
+		marks_in(k, p, w);   /* modes nft and route: the proxy's flows end up here */
 	return pass(w, CNT_PKTS_NO_FLOW);
 }
 
@@ -323,17 +612,122 @@ static __always_inline int stale(struct __sk_buff *skb, struct tcp_pkt *p, const
 	return no_flow(skb, p, w, k, 0);   /* this host's own connection, not another host's */
 }
 
+/* The opener's SYN, rebuilt from the origin's SYN-ACK p (record r), handed to
+ * the listener where it is, at the origin side's ingress (bpf_sk_assign works
+ * on any ingress interface of the namespace): one pass through the stack
+ * fewer than putting it in at the opener's interface. When the proxy cannot
+ * take it now, it is put in there after all, where honest_syn sends it end
+ * to end. */
+static __always_inline int accepted_here(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
+					 const struct flow_syn *r)
+{
+	struct craft_buf *b = craft_buf();
+	struct where at = *w;
+	struct tcp_pkt *q;
+
+	if (b) {
+		q = &b->pkt;   /* the rebuilt SYN: p the other way */
+		*q = *p;
+		at.side = r->opener;
+		__builtin_memcpy(q->src, p->dst, 16);
+		__builtin_memcpy(q->dst, p->src, 16);
+		q->ip.v4.saddr = p->ip.v4.daddr;
+		q->ip.v4.daddr = p->ip.v4.saddr;
+		q->sport = p->dport;
+		q->dport = p->sport;
+		if (to_proxy(skb, q, &at, 0) == VERDICT_PROXY)
+			return TC_ACT_OK;
+	}
+	skb->mark = 0;
+	return bpf_redirect(side_ifindex(w->slot, r->opener), BPF_F_INGRESS);
+}
+
+/* The honest handshake: the origin's answer to a probe (pep_flow.h, syns).
+ * -1: not one. */
+static __always_inline int syn_answered(struct __sk_buff *skb, struct tcp_pkt *p, const struct where *w,
+					const struct flow_key *k)
+{
+	struct flow_syn *r = bpf_map_lookup_elem(&syns, k);
+	struct craft_buf *b = craft_buf();
+	struct flow_new n = {};
+	__u8 syn_flags = TCP_FLAG_SYN;
+	int err;
+
+	if (!r || r->opener == w->side || !(p->flags & TCP_FLAG_ACK) || p->ack_seq != r->syn_seq + 1)
+		return -1;
+	if (r->state == SYN_ACCEPTED) {
+		/* The origin answering again (it had the SYN twice, or our RST
+		 * was lost): never the opener's to see; the RST goes again. */
+		if (is_syn_ack(p) && !make_rst(skb, p, p->ack_seq, 1) &&
+		    !set_dscp(skb, p, (p->family == 4 ? r->tos : bpf_ntohl(r->ip_word) >> 20) & DSCP_MASK))
+			return bpf_redirect(skb->ifindex, 0);
+		return TC_ACT_SHOT;
+	}
+	if (p->flags & TCP_FLAG_RST) {
+		bpf_map_delete_elem(&syns, k);
+		count(w->slot, CNT_ORIGIN_REFUSED);
+		return forward(skb, p, w->slot);   /* refused: on to the opener */
+	}
+	if (!is_syn_ack(p) || !b)
+		return -1;
+	/* ECN toward the opener as the origin answered it (RFC 3168: ECE
+	 * without CWR); toward the origin as the opener asked. */
+	if ((r->tcp_flags & ECN_SETUP) == ECN_SETUP && (p->flags & ECN_SETUP) == TCP_FLAG_ECE)
+		syn_flags |= ECN_SETUP;
+	err = read_syn_opts(skb, p, &b->opts) ? 1 : 0;
+	if (!err) {
+		marks_answer(k, p, &b->opts);
+		err = syn_rebuild(skb, p, r, syn_flags, !b->opts.has_sack, !b->opts.has_ts);
+	}
+	if (err < 0)
+		return TC_ACT_SHOT;   /* half-made: the origin sends its SYN-ACK again, or the opener its SYN */
+	if (err) {
+		/* An answer this datapath cannot rewrite: the flow goes end to end. */
+		n.verdict = VERDICT_BYPASS_FAILOPEN;
+		n.syn_seq = r->syn_seq;
+		n.synack_seq = p->seq;
+		n.opener = r->opener;
+		n.state = FLOW_SYNACK_SEEN;
+		n.first_seen_ns = r->first_seen_ns;
+		bpf_map_update_elem(&flows_new, k, &n, BPF_ANY);
+		bpf_map_delete_elem(&syns, k);
+		count(w->slot, CNT_PROBE_FAILED);
+		count(w->slot, CNT_FLOWS_BYPASS_FAILOPEN);
+		return forward(skb, p, w->slot);
+	}
+	r->state = SYN_ACCEPTED;
+	count(w->slot, CNT_ORIGIN_ACCEPTED);
+	return accepted_here(skb, p, w, r);
+}
+
 /* Any segment but a first SYN. */
 static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const struct where *w,
 				 const struct flow_key *k)
 {
 	struct flow_est *e;
 	struct flow_new *n;
+	__u32 state = 0;
+	int own = -1;
 
 	if (measuring(w))
 		measure(k, p, w);
-	if ((w->flags & GRAPH_F_ASSIGN) && !to_own_socket(skb, p, w))
-		return TC_ACT_OK;
+	if (w->flags & GRAPH_F_ASSIGN) {
+		own = to_own_socket(skb, p, w, &state);
+		if (!own) {
+			if (fin_too_early(skb, p, w, k, state)) {
+				count(w->slot, CNT_FIN_DEFERRED);
+				return TC_ACT_SHOT;
+			}
+			marks_in(k, p, w);
+			return TC_ACT_OK;
+		}
+	}
+	if ((w->flags & GRAPH_F_HONEST) && (p->flags & (TCP_FLAG_SYN | TCP_FLAG_RST))) {
+		int act = syn_answered(skb, p, w, k);
+
+		if (act >= 0)
+			return act;
+	}
 	e = bpf_map_lookup_elem(&flows, k);
 	if (e) {
 		if (is_syn_ack(p) && p->ack_seq != e->syn_seq + 1) {
@@ -344,8 +738,13 @@ static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const
 		return forward(skb, p, w->slot);
 	}
 	n = bpf_map_lookup_elem(&flows_new, k);
-	if (!n)
+	if (!n) {
+		if (own == 1) {
+			mark_own(skb, w);   /* a late segment of the proxy's closed connection */
+			return TC_ACT_OK;
+		}
 		return no_flow(skb, p, w, k, 1);
+	}
 	if (is_syn_ack(p)) {
 		if (w->side == n->opener || p->ack_seq != n->syn_seq + 1) {
 			bpf_map_delete_elem(&flows_new, k);
@@ -380,4 +779,126 @@ int flow_ingress(struct __sk_buff *skb)
 	if (is_first_syn(&p))
 		return first_syn(skb, &p, &w, &key);
 	return later(skb, &p, &w, &key);
+}
+
+/* The origin reset the flow, and the proxy's socket toward the subscriber
+ * sends its FIN (p, without data): that FIN goes as a RST, at the sequence
+ * number it had, and the socket itself is ended by a RST as from the
+ * subscriber (seq = the FIN's ack: its rcv_nxt), put in at this interface's
+ * ingress, or it would send its FIN again until its orphan retries run out,
+ * counted all along as a connection of the graph. Non-zero: not done. */
+static __attribute__((noinline)) int reset_both(struct __sk_buff *skb, const struct tcp_pkt *p)
+{
+	struct tcp_pkt q = *p;   /* p as the RST to the socket will be: the other way */
+
+	__builtin_memcpy(q.src, p->dst, 16);
+	__builtin_memcpy(q.dst, p->src, 16);
+	q.ip.v4.saddr = p->ip.v4.daddr;
+	q.ip.v4.daddr = p->ip.v4.saddr;
+	q.sport = p->dport;
+	q.dport = p->sport;
+	if (make_rst(skb, p, p->ack_seq, 1) || bpf_clone_redirect(skb, skb->ifindex, BPF_F_INGRESS))
+		return -1;
+	return make_rst(skb, &q, p->seq, 1);
+}
+
+/* The proxy's own segments leaving c_in (to the subscriber) or s_in (to the
+ * origin): they carry what the other end marked its own with (flow_marks.h).
+ * Forwarded packets (bypassed flows, the honest handshake's probe, the
+ * datapath's own RSTs) came in on an interface and pass untouched. Not
+ * skb->sk: a veth does not orphan a packet, so a forwarded one still holds
+ * its sender's socket, in another namespace. */
+SEC("tc")
+int flow_egress(struct __sk_buff *skb)
+{
+	struct tcp_pkt p = {};
+	struct flow_marks *m;
+	struct flow_key key;
+	struct where w;
+
+	if (skb->ingress_ifindex || where_from(skb->ifindex, &w) || parse_tcp(skb, &p))
+		return TC_ACT_OK;
+	/* Seen from the flow: leaving s_in is the subscriber's way in, leaving c_in the origin's. */
+	w.side = w.side == SIDE_ACCESS ? SIDE_ORIGIN : SIDE_ACCESS;
+	flow_key_of(&p, &w, &key);
+	m = bpf_map_lookup_elem(&marks, &key);
+	if (w.side == SIDE_ACCESS) {
+		/* The proxy's sockets to the origin ask ECN (tcp_ecn = 1 in the
+		 * namespace); a SYN asks only when its subscriber did. */
+		if (is_first_syn(&p) && (p.flags & (TCP_FLAG_ECE | TCP_FLAG_CWR)) &&
+		    (!m || !(m->flags & MARK_F_SUB_ECN)))
+			set_tcp_flags(skb, &p, p.flags & ~(TCP_FLAG_ECE | TCP_FLAG_CWR));
+		if (!m)
+			return TC_ACT_OK;
+		if (is_first_syn(&p) && (m->flags & MARK_F_SUB_OPTS))
+			mirror_offer(skb, &p, m->sub_mss, !(m->flags & MARK_F_SUB_SACK), !(m->flags & MARK_F_SUB_TS));
+		set_dscp(skb, &p, m->sub_dscp);
+		return TC_ACT_OK;
+	}
+	if (!m)
+		return TC_ACT_OK;
+	if (is_syn_ack(&p) && (m->flags & MARK_F_ORG_OPTS))
+		mirror_offer(skb, &p, m->org_mss, 0, 0);
+	set_dscp(skb, &p, m->org_dscp);
+	if ((m->flags & MARK_F_ORG_RESET) && (p.flags & TCP_FLAG_FIN)) {
+		/* The origin reset: so does the proxy (reset_both). A FIN with data
+		 * loses only its FIN: the data goes, the FIN comes again alone. */
+		if (payload_len(&p))
+			set_tcp_flags(skb, &p, p.flags & ~TCP_FLAG_FIN);
+		else if (!reset_both(skb, &p))
+			count(w.slot, CNT_RESETS_TO_SUB);
+		else
+			return TC_ACT_SHOT;   /* half-made: the socket sends its FIN again */
+	}
+	return TC_ACT_OK;
+}
+
+/* flow_conns (sock_ops, on the root of the host's cgroup v2 hierarchy): each
+ * graph's connections, for step 4b (pep_flow.h, conns). Every socket of the
+ * host comes by; only those of a graph's namespace are counted: from the end
+ * of an accepted connection's handshake to its close. It always lets the
+ * socket be (returns 1) and sets no reply. */
+SEC("sockops")
+int flow_conns(struct bpf_sock_ops *ops)
+{
+	struct bpf_sock *sk = ops->sk;
+	__u32 all = PEP_GRAPHS_MAX, *slot, at;
+	struct conn_tag *tag;
+	__u64 cookie, *n;
+
+	if (!sk)
+		return 1;
+	if (ops->op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB) {
+		cookie = bpf_get_netns_cookie(ops);
+		slot = bpf_map_lookup_elem(&netns_slots, &cookie);
+		if (!slot)
+			return 1;
+		at = *slot;
+		tag = bpf_sk_storage_get(&conn_tags, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+		if (!tag || at >= PEP_GRAPHS_MAX)
+			return 1;   /* no memory for the tag: not counted, so never uncounted either */
+		tag->slot1 = at + 1;
+		n = bpf_map_lookup_elem(&conns, &at);
+		if (n)
+			__sync_fetch_and_add(n, 1);
+		n = bpf_map_lookup_elem(&conns, &all);
+		if (n)
+			__sync_fetch_and_add(n, 1);
+		bpf_sock_ops_cb_flags_set(ops, ops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+		return 1;
+	}
+	if (ops->op != BPF_SOCK_OPS_STATE_CB || ops->args[1] != BPF_TCP_CLOSE)
+		return 1;
+	tag = bpf_sk_storage_get(&conn_tags, sk, 0, 0);
+	if (!tag || !tag->slot1)
+		return 1;
+	at = tag->slot1 - 1;
+	tag->slot1 = 0;
+	n = bpf_map_lookup_elem(&conns, &at);
+	if (n)
+		__sync_fetch_and_add(n, -1);
+	n = bpf_map_lookup_elem(&conns, &all);
+	if (n)
+		__sync_fetch_and_add(n, -1);
+	return 1;
 }

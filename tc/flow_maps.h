@@ -103,6 +103,20 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SYNS_MAX);
+	__type(key, struct flow_key);
+	__type(value, struct flow_syn);
+} syns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MARKS_MAX);
+	__type(key, struct flow_key);
+	__type(value, struct flow_marks);
+} marks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, MEASURED_MAX);
 	__type(key, struct flow_key);
 	__type(value, struct flow_meas);
@@ -113,6 +127,27 @@ struct {
 	__uint(max_entries, RECORDS_MAX);
 	__type(value, struct flow_record);
 } flow_records SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, PEP_GRAPHS_MAX);
+	__type(key, __u64);                  /* netns cookie */
+	__type(value, __u32);                /* graph slot */
+} netns_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, PEP_GRAPHS_MAX + 1);
+	__type(key, __u32);                  /* graph slot; PEP_GRAPHS_MAX: all graphs */
+	__type(value, __u64);
+} conns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);  /* the kernel requires it of socket storage */
+	__type(key, int);
+	__type(value, struct conn_tag);
+} conn_tags SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -60,26 +60,6 @@ static __always_inline void measure_start(const struct flow_key *k, const struct
 		count(w->slot, CNT_FLOWS_MEASURED);
 }
 
-/* TCP payload bytes of the segment (the IP header's length, less both headers). */
-static __always_inline __u32 payload_len(const struct tcp_pkt *p)
-{
-	__u32 ip_len, hdrs = p->tcp.doff * 4;
-
-	if (p->family == 4) {
-		ip_len = bpf_ntohs(p->ip.v4.tot_len);
-		hdrs += p->l4_off - ETH_HLEN;
-	} else {
-		ip_len = bpf_ntohs(p->ip.v6.payload_len);
-	}
-	return ip_len > hdrs ? ip_len - hdrs : 0;
-}
-
-/* a is after b in sequence space */
-static __always_inline int seq_after(__u32 a, __u32 b)
-{
-	return (__s32)(a - b) > 0;
-}
-
 /* Any segment but a first SYN, from the access side of a measuring graph. */
 static __always_inline void measure(const struct flow_key *k, const struct tcp_pkt *p, const struct where *w)
 {

@@ -35,7 +35,23 @@
 #define TCP_FLAG_FIN 0x01
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_RST 0x04
+#define TCP_FLAG_PSH 0x08
 #define TCP_FLAG_ACK 0x10
+#define TCP_FLAG_ECE 0x40
+#define TCP_FLAG_CWR 0x80
+
+#define TCP_OPTS_MAX 40      /* a TCP header holds at most 40 bytes of options */
+#define TCP_OPTS_BUF 64      /* room for them, a power of two: indexes are masked for the verifier */
+
+/* x & mask, done where the verifier sees it: the compiler, knowing x is in range already,
+ * would drop a plain mask and leave the verifier with a register it has no bounds for. */
+#define MASKED(x, mask) ({ __u32 __v = (x); asm volatile("" : "+r"(__v)); __v & (mask); })
+#define TCPOPT_EOL 0
+#define TCPOPT_NOP 1
+#define TCPOPT_MSS 2         /* kind 2, length 4 */
+#define TCPOPT_SACK_PERM 4   /* kind 4, length 2 */
+#define TCPOPT_TIMESTAMP 8   /* kind 8, length 10: TSval, TSecr */
+#define TCPOPT_MPTCP 30      /* RFC 8684: MP_CAPABLE, MP_JOIN, ... (any subtype) */
 
 struct tcp_pkt {
 	union {
@@ -129,6 +145,174 @@ static __always_inline int parse_tcp(struct __sk_buff *skb, struct tcp_pkt *p)
 	p->ack_seq = bpf_ntohl(p->tcp.ack_seq);
 	p->flags = ((const __u8 *)&p->tcp)[TCP_FLAGS_OFF];
 	return 0;
+}
+
+/* The options of a SYN, kept as they came (the honest handshake replays them)
+ * and read for what the decision needs. read_syn_opts fills every field but
+ * the bytes past len (kept per CPU: flow_craft.h, struct craft_buf). */
+struct syn_opts {
+	__u8 bytes[TCP_OPTS_BUF];
+	__u32 len;         /* bytes of options: doff * 4 - 20, at most TCP_OPTS_MAX */
+	__u32 tsval;       /* host order, when has_ts */
+	__u8 mptcp;        /* an MPTCP option is present */
+	__u8 has_ts;
+	__u16 payload;     /* bytes of data after the header (a Fast Open SYN carries some) */
+	__u32 scan;        /* scan_one_opt's place in bytes */
+	__u16 mss;         /* host order; 0: no MSS option */
+	__u8 has_sack;     /* SACK permitted */
+	__u8 pad;
+};
+
+/* One option of o->bytes at o->scan: noted, and o->scan moved past it.
+ * Non-zero ends the scan. A bpf_loop callback, verified once: an unrolled
+ * or bounded loop here made the verifier follow every mix of option lengths
+ * (two paths an option, forty options) past its limit. */
+struct scan_ctx {
+	struct syn_opts *o;   /* bpf_loop takes a context on the stack only: o itself may be elsewhere */
+};
+
+static long scan_one_opt(__u32 index, void *ctx)
+{
+	struct syn_opts *o = ((struct scan_ctx *)ctx)->o;
+	__u8 kind, olen;
+	__u32 off;
+
+	(void)index;
+	if (!o)
+		return 1;
+	off = o->scan;
+	if (off >= o->len || off >= TCP_OPTS_MAX - 1)
+		return 1;
+	kind = o->bytes[MASKED(off, TCP_OPTS_BUF - 1)];
+	if (kind == TCPOPT_EOL)
+		return 1;
+	if (kind == TCPOPT_NOP) {
+		o->scan = off + 1;
+		return 0;
+	}
+	olen = o->bytes[MASKED(off + 1, TCP_OPTS_BUF - 1)];
+	if (olen < 2 || off + olen > o->len)
+		return 1;   /* malformed: what was read so far stands */
+	if (kind == TCPOPT_MPTCP) {
+		o->mptcp = 1;
+	} else if (kind == TCPOPT_MSS && olen == 4) {
+		o->mss = (o->bytes[MASKED(off + 2, TCP_OPTS_BUF - 1)] << 8) | o->bytes[MASKED(off + 3, TCP_OPTS_BUF - 1)];
+	} else if (kind == TCPOPT_SACK_PERM && olen == 2) {
+		o->has_sack = 1;
+	} else if (kind == TCPOPT_TIMESTAMP && olen == 10) {
+		__builtin_memcpy(&o->tsval, &o->bytes[MASKED(off + 2, TCP_OPTS_BUF / 2 - 1)], 4);
+		o->tsval = bpf_ntohl(o->tsval);
+		o->has_ts = 1;
+	}
+	o->scan = off + olen;
+	return 0;
+}
+
+/* Edits a header's options in place (opt_edit_one, a bpf_loop callback like
+ * scan_one_opt): SACK permitted and timestamps made NOPs when dropped, an MSS
+ * above mss_max lowered to it. changed says whether anything was. */
+struct opt_edit {
+	__u8 *bytes;       /* the options (a stack or map buffer of TCP_OPTS_BUF bytes) */
+	__u32 len;
+	__u32 off;
+	__u16 mss_max;     /* host order; 0: leave the MSS */
+	__u8 drop_sack;
+	__u8 drop_ts;
+	__u8 changed;
+};
+
+static long opt_edit_one(__u32 index, void *ctx)
+{
+	struct opt_edit *e = ctx;
+	__u8 *b = e->bytes, kind, olen;
+	__u32 off = e->off, i;
+	__u16 mss;
+
+	(void)index;
+	if (!b || off >= e->len || off >= TCP_OPTS_MAX - 1)
+		return 1;
+	kind = b[MASKED(off, TCP_OPTS_BUF - 1)];
+	if (kind == TCPOPT_EOL)
+		return 1;
+	if (kind == TCPOPT_NOP) {
+		e->off = off + 1;
+		return 0;
+	}
+	olen = b[MASKED(off + 1, TCP_OPTS_BUF - 1)];
+	if (olen < 2 || off + olen > e->len)
+		return 1;
+	if ((kind == TCPOPT_SACK_PERM && olen == 2 && e->drop_sack) ||
+	    (kind == TCPOPT_TIMESTAMP && olen == 10 && e->drop_ts)) {
+		for (i = 0; i < 10; i++)
+			if (i < olen)
+				b[MASKED(off + i, TCP_OPTS_BUF - 1)] = TCPOPT_NOP;
+		e->changed = 1;
+	} else if (kind == TCPOPT_MSS && olen == 4 && e->mss_max) {
+		mss = (b[MASKED(off + 2, TCP_OPTS_BUF - 1)] << 8) | b[MASKED(off + 3, TCP_OPTS_BUF - 1)];
+		if (mss > e->mss_max) {
+			b[MASKED(off + 2, TCP_OPTS_BUF - 1)] = e->mss_max >> 8;
+			b[MASKED(off + 3, TCP_OPTS_BUF - 1)] = e->mss_max & 0xff;
+			e->changed = 1;
+		}
+	}
+	e->off = off + olen;
+	return 0;
+}
+
+/* Whether edit e changed the len bytes of options at bytes. */
+static __always_inline int edit_opts(__u8 *bytes, __u32 len, __u16 mss_max, int drop_sack, int drop_ts)
+{
+	struct opt_edit e = { .bytes = bytes, .len = len, .mss_max = mss_max, .drop_sack = drop_sack,
+			      .drop_ts = drop_ts };
+
+	if (!mss_max && !drop_sack && !drop_ts)
+		return 0;
+	bpf_loop(TCP_OPTS_MAX, opt_edit_one, &e, 0);
+	return e.changed;
+}
+
+/* TCP payload bytes of the segment (the IP header's length, less both headers). */
+static __always_inline __u32 payload_len(const struct tcp_pkt *p)
+{
+	__u32 ip_len, hdrs = p->tcp.doff * 4;
+
+	if (p->family == 4) {
+		ip_len = bpf_ntohs(p->ip.v4.tot_len);
+		hdrs += p->l4_off - ETH_HLEN;
+	} else {
+		ip_len = bpf_ntohs(p->ip.v6.payload_len);
+	}
+	return ip_len > hdrs ? ip_len - hdrs : 0;
+}
+
+/* Zero: o holds p's options, read and scanned. Non-zero: the header's data
+ * offset is out of range (less than 5 words, or past the packet's end). */
+static __always_inline int read_syn_opts(struct __sk_buff *skb, const struct tcp_pkt *p, struct syn_opts *o)
+{
+	__u32 hdr = p->tcp.doff * 4;
+
+	o->mptcp = 0;
+	o->has_ts = 0;
+	o->tsval = 0;
+	o->mss = 0;
+	o->has_sack = 0;
+	if (hdr < sizeof(struct tcphdr) || hdr > sizeof(struct tcphdr) + TCP_OPTS_MAX)
+		return -1;
+	o->len = hdr - sizeof(struct tcphdr);
+	o->payload = payload_len(p);
+	if (o->len && bpf_skb_load_bytes(skb, p->l4_off + sizeof(struct tcphdr), o->bytes, o->len))
+		return -1;
+	struct scan_ctx ctx = { .o = o };
+
+	o->scan = 0;
+	bpf_loop(TCP_OPTS_MAX, scan_one_opt, &ctx, 0);
+	return 0;
+}
+
+/* a is after b in sequence space */
+static __always_inline int seq_after(__u32 a, __u32 b)
+{
+	return (__s32)(a - b) > 0;
 }
 
 /* A connection's opening SYN (or its retransmission): SYN without ACK. */

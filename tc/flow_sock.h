@@ -22,6 +22,40 @@
 #include "pep_flow.h"
 #include "flow_parse.h"
 
+/* The kernel's own socket structs, as far as the datapath reads them: only
+ * the fields named here, found by name in the running kernel's BTF when the
+ * program is loaded (CO-RE), wherever this kernel keeps them. */
+struct sock_common {
+	__u32 skc_tw_rcv_nxt;          /* a TIME_WAIT socket's next expected sequence number */
+} __attribute__((preserve_access_index));
+
+struct inet_timewait_sock {
+	struct sock_common __tw_common;
+} __attribute__((preserve_access_index));
+
+struct tcp_timewait_sock {
+	struct inet_timewait_sock tw_sk;
+	__u32 tw_ts_recent;            /* the peer's last timestamp */
+} __attribute__((preserve_access_index));
+
+struct sock {
+	__u32 sk_ack_backlog;          /* a listener's accept queue: connections waiting for accept() */
+	__u32 sk_max_ack_backlog;      /* and its length (listen()'s backlog, capped by somaxconn) */
+} __attribute__((preserve_access_index));
+
+struct inet_sock {
+	struct sock sk;
+} __attribute__((preserve_access_index));
+
+struct inet_connection_sock {
+	struct inet_sock icsk_inet;
+} __attribute__((preserve_access_index));
+
+struct tcp_sock {
+	struct inet_connection_sock inet_conn;
+	__u32 rcv_nxt;                 /* the next sequence number it expects */
+} __attribute__((preserve_access_index));
+
 /* The socket (established, request, time-wait or listening) that a segment
  * of p's addresses and source port, addressed to dport (network order),
  * would reach in the skb's namespace; NULL if none. */
@@ -48,6 +82,25 @@ static __always_inline struct bpf_sock *sock_for(struct __sk_buff *skb, const st
 static __always_inline __be16 listener_port(__u16 listen_port, const struct tcp_pkt *p)
 {
 	return listen_port ? bpf_htons(listen_port) : p->dport;
+}
+
+/* Whether the kernel would let SYN p (options o) open a new connection over
+ * tw, a TIME_WAIT socket of its 4-tuple (tcp_timewait_state_process): not
+ * an old duplicate by its timestamp (PAWS), and a sequence number past the
+ * old connection's or a newer timestamp. */
+static __always_inline int tw_takes_syn(struct bpf_sock *tw, const struct tcp_pkt *p, const struct syn_opts *o,
+					__u32 *rcv_nxt)
+{
+	struct tcp_timewait_sock *t = bpf_skc_to_tcp_timewait_sock(tw);
+	__u32 ts_recent;
+
+	if (!t)
+		return 0;
+	*rcv_nxt = t->tw_sk.__tw_common.skc_tw_rcv_nxt;
+	ts_recent = t->tw_ts_recent;
+	if (o->has_ts && ts_recent && (__s32)(ts_recent - o->tsval) > 0)
+		return 0;   /* PAWS: an old duplicate */
+	return seq_after(p->seq, *rcv_nxt) || (o->has_ts && (__s32)(ts_recent - o->tsval) < 0);
 }
 
 /* Hands the packet to sk and marks it for local delivery. Zero, or the

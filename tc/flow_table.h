@@ -34,6 +34,8 @@ struct where {
 	__u16 listen_port;   /* host order */
 	__u32 control_below; /* the graph's experiment (struct graph_config) */
 	__u32 control_seed;
+	__u32 maxconn;       /* struct graph_config */
+	__u32 host_maxconn;
 };
 
 /* The flow as the subscriber sees it: on the access side the subscriber

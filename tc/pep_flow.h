@@ -1,17 +1,18 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * The contract between the flow datapath (tc/flow.c, program flow_ingress)
- * and the control plane (pepctl/flow_maps.py). Map names, struct layouts,
- * verdicts, flags and counters live here and only here.
+ * The contract between the flow datapath (tc/flow.c: programs flow_ingress,
+ * flow_egress, flow_conns) and the control plane (pepctl/flow_maps.py). Map
+ * names, struct layouts, verdicts, flags and counters live here and only here.
  *
  * If you change this file, change with it:
  *   - pepctl/flow_maps.py            (struct formats, COUNTERS, flags, map names)
  *   - tests/bpf/test_flow_golden.py  (expected verdicts and counters)
  *   (tests/unit/test_flow_contract.py compares the first with this file)
  *
- * Where it runs: one program and one set of maps per instance, attached to
- * tc clsact ingress of c_in (access side) and s_in (origin side) inside
- * every graph's namespace. The graph and side of a packet come from the
+ * Where it runs: one set of programs and maps per instance. flow_ingress and
+ * flow_egress are attached to tc clsact ingress and egress of c_in (access
+ * side) and s_in (origin side) inside every graph's namespace; flow_conns
+ * (sock_ops) to the root of the host's cgroup v2 hierarchy. The graph and side of a packet come from the
  * interface it arrived on: pepctl gives c_in and s_in of graph slot g the
  * ifindexes PEP_IFINDEX_BASE + 2g and PEP_IFINDEX_BASE + 2g + 1 (ifindexes
  * are per namespace, so every graph's namespace holds the same small set).
@@ -27,18 +28,42 @@
  *   3. a bypass rule matches (client / server prefix, destination port:
  *      bypass_client4/6, bypass_server4/6, bypass_ports):
  *      BYPASS_RULE;
+ *   3a. the SYN carries an MPTCP option (MP_CAPABLE, or MP_JOIN of a subflow),
+ *      unless the graph has GRAPH_F_PROXY_MPTCP: BYPASS_MPTCP. HAProxy would
+ *      answer it as plain TCP, and a multipath subscriber would lose its
+ *      subflows; bypassed, the origin sees MP_CAPABLE and answers it;
  *   3b. opened from the access side by a subscriber of the control group
  *      (client_hash(subscriber, control_seed) < control_below): BYPASS_CONTROL;
+ *   3c. GRAPH_F_KEEP_PORT, and the proxy could not connect from the client's
+ *      own port: a socket of the graph's namespace holds the origin side's
+ *      4-tuple (the proxy's previous connection from that port, still open
+ *      or waiting for the origin's FIN), or listens on that port (HAProxy's
+ *      own listener: bind() would fail). BYPASS_BUSY: the flow goes end to
+ *      end, as it would with no proxy, instead of failing in HAProxy's
+ *      connect(). Mode bpf, a socket whose origin has closed too (LAST_ACK,
+ *      CLOSING, TIME_WAIT) is ended by a RST and the SYN decided again
+ *      (port_freed), as for a TIME_WAIT socket of the SYN's own 4-tuple;
  *   4. no proxy socket listens for it (the graph's listen_port, or the SYN's
  *      own port when listen_port is 0): BYPASS_FAILOPEN. This is the fail-open:
  *      the moment HAProxy dies its listeners are gone, and new flows are
  *      forwarded, with no process or polling in between;
+ *   4b. the proxy could not take the flow now: the listener's accept queue
+ *      is full, or the graph (or the instance) holds maxconn connections
+ *      (conns, counted by flow_conns as the kernel opens and closes them):
+ *      BYPASS_OVERLOAD, so that a flow never waits for HAProxy to make room;
  *   5. otherwise PROXY. With GRAPH_F_ASSIGN (interception mode `bpf`) the SYN
  *      is handed to the listener (bpf_sk_assign) and marked PEP_LOCAL_MARK,
  *      which one policy rule routes to the local table; a failed hand-over
  *      makes the flow BYPASS_FAILOPEN (assign_failed). Without it (modes nft
  *      and route) the stack's own interception takes the SYN.
- * Bypassed flows (verdicts 3, 3b and 4) are remembered and forwarded at L3 by
+ *      Mode bpf, a TIME_WAIT socket of the proxy on the SYN's 4-tuple (the
+ *      listener would drop the SYN as a duplicate of it), checked before
+ *      step 3c: when the kernel would let the SYN past it, the SYN is made a
+ *      RST that ends it and a copy of the SYN (PEP_RETRY_MARK) is decided
+ *      again (tw_reset); else (an old duplicate, or still there on the
+ *      retry) the SYN goes to the TIME_WAIT socket, which answers as the
+ *      kernel does (tw_old_syn).
+ * Bypassed flows (verdicts 3 to 4) are remembered and forwarded at L3 by
  * this program for their whole life, whatever the rules or the proxy do
  * later. Proxied flows are not remembered: they are known by their sockets.
  * With GRAPH_F_ASSIGN every later packet whose socket exists (bpf_skc_lookup_tcp)
@@ -69,6 +94,7 @@
 #define PEP_GRAPHS_MAX 2048          /* a graph takes two of the 4094 VLAN ids */
 #define PEP_IFINDEX_BASE 0x100000    /* c_in of slot g: BASE + 2g; s_in: BASE + 2g + 1 */
 #define PEP_LOCAL_MARK 1             /* skb mark of packets handed to a socket: routed locally */
+#define PEP_RETRY_MARK 2             /* a SYN the program sent round again to its own ingress */
 
 #define FLOWS_NEW_MAX 262144         /* LRU, preallocated */
 #define FLOWS_MAX 1048576            /* allocated on demand */
@@ -92,6 +118,8 @@ struct graph_config {
 	__u16 pad;
 	__u32 control_below;  /* the control group: clients whose client_hash() is below; 0: none */
 	__u32 control_seed;   /* the seed of client_hash(): another seed draws another share */
+	__u32 maxconn;        /* the graph's connections at which new flows go end to end; 0: no limit */
+	__u32 host_maxconn;   /* the same for all of the instance's graphs together; 0: no limit */
 };
 
 #define GRAPH_F_ENABLED     0x1  /* the slot is in use */
@@ -99,6 +127,9 @@ struct graph_config {
 #define GRAPH_F_ALL_PORTS   0x4  /* every TCP port is intercepted; else those in intercept_ports */
 #define GRAPH_F_ORIGIN_SYNS 0x8  /* flows opened from the origin side are intercepted too */
 #define GRAPH_F_MEASURE     0x10 /* the experiment is on: measure access-side flows of both groups */
+#define GRAPH_F_PROXY_MPTCP 0x20 /* mptcp = "proxy": SYNs with an MPTCP option are decided as any other */
+#define GRAPH_F_KEEP_PORT   0x40 /* source_port = "kept": the proxy connects from the client's own port */
+#define GRAPH_F_HONEST      0x80 /* handshake = "honest" (mode bpf): the origin answers a flow's SYN first */
 
 /* bypass_ports, intercept_ports: HASH port_key -> __u32 (non-zero: present).
  * bypass_ports: SYNs to that port are bypassed (a rule). intercept_ports:
@@ -147,11 +178,104 @@ enum flow_verdict {
 	VERDICT_BYPASS_RULE = 2,
 	VERDICT_BYPASS_FAILOPEN = 3,
 	VERDICT_BYPASS_CONTROL = 4,   /* the subscriber is in the control group */
+	VERDICT_BYPASS_MPTCP = 5,     /* the SYN carries an MPTCP option: multipath end to end */
+	VERDICT_BYPASS_BUSY = 6,      /* the client's port is taken on the proxy's origin side */
+	VERDICT_BYPASS_OVERLOAD = 7,  /* the proxy cannot take another connection now */
 };
 
 enum flow_state {
 	FLOW_SYN_SEEN = 1,     /* the opening SYN went through */
 	FLOW_SYNACK_SEEN = 2,  /* and the other end answered it */
+};
+
+/* marks: LRU_HASH flow_key -> flow_marks. What a proxied flow's two ends put
+ * on their packets, for the proxy's packets to the other end to carry
+ * (flow_egress, on c_in's and s_in's egress): with source_port = "kept"
+ * the proxy's two sockets have the flow's own 4-tuple, so one key finds
+ * the flow from either side. Made at the first SYN (PROXY),
+ * updated by the ends' segments (mode bpf), left to the LRU. */
+#define MARKS_MAX 262144
+
+struct flow_marks {
+	__u8 sub_dscp;        /* the subscriber's DSCP, as the TOS / traffic class byte (ECN bits 0) */
+	__u8 org_dscp;        /* the origin's */
+	__u8 flags;           /* MARK_F_* */
+	__u8 seen;            /* MARK_S_*: what the flow's segments have shown so far */
+	__u16 sub_mss;        /* host order: the MSS the subscriber's SYN offered; 0: none */
+	__u16 org_mss;        /* the MSS the origin's SYN-ACK offered (honest handshake) */
+};
+
+#define MARK_F_SUB_ECN   0x1  /* the subscriber's SYN asked for ECN: the proxy's SYN to the origin does */
+#define MARK_F_ORG_RESET 0x2  /* the origin reset the flow: the proxy's FIN to the subscriber goes as a RST */
+/* What each end's handshake offered, mirrored on the proxy's own: the
+ * proxy's SYN offers SACK and timestamps only as the subscriber's did, and
+ * an MSS no larger; the rebuilt SYN (so the proxy's SYN-ACK) offers SACK and
+ * timestamps only as the origin's SYN-ACK did, and the proxy's SYN-ACK an
+ * MSS no larger than the origin's. Window scale is each socket's own. */
+#define MARK_F_SUB_SACK  0x4
+#define MARK_F_SUB_TS    0x8
+#define MARK_F_ORG_SACK  0x10
+#define MARK_F_ORG_TS    0x20
+#define MARK_F_SUB_OPTS  0x40  /* the subscriber's offer is known (the fields above it) */
+#define MARK_F_ORG_OPTS  0x80  /* the origin's offer is known */
+#define MARK_S_SUB_DATA  0x1   /* the subscriber has sent data (mode bpf) */
+#define MARK_S_FIN_HELD  0x2   /* a FIN of the subscriber's was held back once (fin_deferred) */
+
+/* syns: LRU_HASH flow_key -> flow_syn. The honest handshake (GRAPH_F_HONEST,
+ * mode bpf): a first SYN that would be proxied goes on to the origin first,
+ * recorded here (SYN_PROBING); retransmissions go on too. The origin's
+ * answer decides, at the other side's ingress:
+ *   RST (refused)  passed on to the opener as routed; the entry goes
+ *                  (origin_refused);
+ *   SYN-ACK        not passed on: that very packet becomes a RST to the
+ *                  origin (seq = its ack: the origin forgets its half-open
+ *                  connection), sent out, and then the opener's SYN rebuilt
+ *                  from this entry (its IP fields and TCP options; ECE and
+ *                  CWR only if the origin agreed to ECN), put in at the
+ *                  opener's interface (SYN_ACCEPTED, origin_accepted);
+ *   nothing        nothing: the opener is answered by no one, as routed.
+ * The rebuilt SYN, and any retransmission once accepted, goes to the
+ * listener as in step 5; HAProxy then connects to the origin as ever. A
+ * SYN whose flow the datapath cannot rebuild (data in it, IPv4 options) is
+ * handed to the listener at once; an answer it cannot rewrite makes the
+ * flow BYPASS_FAILOPEN, the answer passed on (probe_failed). */
+#define SYNS_MAX 262144
+
+enum syn_state {
+	SYN_PROBING = 1,      /* the SYN went on to the origin */
+	SYN_ACCEPTED = 2,     /* the origin answered SYN-ACK: the rebuilt SYN went to the listener */
+};
+
+struct flow_syn {
+	__u32 syn_seq;        /* the opener's ISN */
+	__u8 state;           /* enum syn_state */
+	__u8 opener;          /* enum flow_side of the SYN's sender */
+	__u8 tcp_flags;       /* the SYN's flags byte (ECE, CWR) */
+	__u8 opt_len;         /* bytes of opts */
+	__be16 window;
+	__u8 ttl;             /* TTL / hop limit */
+	__u8 tos;             /* IPv4 TOS */
+	__be32 ip_word;       /* IPv4: id and frag_off; IPv6: version, traffic class, flow label */
+	__u8 macs[12];        /* the SYN's destination and source MACs */
+	__u8 opts[40];        /* its TCP options, as they came */
+	__u32 pad;
+	__u64 first_seen_ns;
+};
+
+/* The proxy's connections, for step 4b: flow_conns, a sock_ops program
+ * attached to the root of the host's cgroup v2 hierarchy (every socket's),
+ * counts each connection accepted in a graph's namespace from its handshake's
+ * end (PASSIVE_ESTABLISHED) to its close (the STATE callback, TCP_CLOSE).
+ * That is HAProxy's own count (accept() to close()) plus connections waiting
+ * in the accept queue and closing ones: never less, so the datapath bypasses
+ * no later than HAProxy would stop accepting.
+ *   netns_slots  HASH netns cookie (__u64) -> graph slot (__u32), by pepctl
+ *   conns        ARRAY[PEP_GRAPHS_MAX + 1] of __u64: per slot, and the sum
+ *                of all at PEP_GRAPHS_MAX
+ *   conn_tags    SK_STORAGE conn_tag: a counted socket's slot, so its close
+ *                is counted once */
+struct conn_tag {
+	__u32 slot1;          /* the slot + 1; 0: not counted (any more) */
 };
 
 /* flows_new: LRU_HASH flow_key -> flow_new. */
@@ -204,6 +328,23 @@ enum flow_counter {
 	CNT_FLOWS_BYPASS_CONTROL,   /* first SYNs decided BYPASS_CONTROL (the control group) */
 	CNT_FLOWS_MEASURED,         /* flows measured for the experiment (GRAPH_F_MEASURE) */
 	CNT_RECORDS_DROPPED,        /* measured flows' records lost: flow_records full (nobody pops it) */
+	CNT_FLOWS_BYPASS_MPTCP,     /* first SYNs decided BYPASS_MPTCP */
+	CNT_TW_RESET,               /* mode bpf: TIME_WAIT sockets of the proxy ended by a RST so that a
+				     * new SYN on their 4-tuple reaches the listener (sent round again) */
+	CNT_TW_OLD_SYN,             /* mode bpf: SYNs given to the TIME_WAIT socket of their 4-tuple, which
+				     * answers as the kernel does: an old duplicate, or the retry found it */
+	CNT_FLOWS_BYPASS_BUSY,      /* first SYNs decided BYPASS_BUSY */
+	CNT_RESETS_TO_SUB,          /* the proxy's FINs to a subscriber sent as RSTs: the origin had reset */
+	CNT_SYNS_PROBED,            /* honest: first SYNs sent on to the origin before the proxy answers */
+	CNT_ORIGIN_ACCEPTED,        /* honest: SYN-ACKs made the origin's RST and the opener's SYN to the listener */
+	CNT_ORIGIN_REFUSED,         /* honest: RSTs answering a probe, passed on to the opener */
+	CNT_PROBE_FAILED,           /* honest: answers not rewritten: the flow went end to end (bypass_failopen) */
+	CNT_FLOWS_BYPASS_OVERLOAD,  /* first SYNs decided BYPASS_OVERLOAD */
+	CNT_PORT_FREED,             /* port kept: the proxy's previous origin-side socket of a client's port,
+				     * its origin done with it too (LAST_ACK, CLOSING, TIME_WAIT), ended by a
+				     * RST so that a new SYN from that port is proxied (sent round again) */
+	CNT_FIN_DEFERRED,           /* mode bpf: a subscriber's bare FIN dropped, before its proxy's
+				     * connection to the origin is up (the subscriber sends it again) */
 	CNT_MAX
 };
 

@@ -19,7 +19,7 @@ from netns import configs
 from netns.container import RUNS_DIR
 from netns.handle import LabHandle
 from netns.lab import STATE_DIR
-from pepctl import congestion
+from pepctl import congestion, hostinfo
 from pepctl.config.schema import DIR_DEFAULTS
 from pepctl.names import CONGESTION_DIR, CONGESTION_LOCK, CRASH_LOG, REGISTER, congestion_pins
 from pepctl.register import users_of
@@ -73,7 +73,17 @@ def _snapshot() -> dict[str, set[str]]:
             # Containers (netns/container.py): each run's disk and bpffs, and nspawn's folder per machine.
             # Their cached Debian roots (CACHE_DIR, under /var/cache) are kept between runs on purpose.
             "containers": listdir(RUNS_DIR) | listdir("/run/systemd/nspawn/propagate"),
+            "cgroup programs": _cgroup_programs(),
             "processes": procs, "links": links}
+
+
+def _cgroup_programs() -> set[str]:
+    """BPF programs attached to the root of the cgroup v2 hierarchy (an instance's flow_conns), by id."""
+    root = hostinfo.cgroup2_root()
+    if root is None:
+        return set()
+    out = subprocess.run(["bpftool", "-j", "cgroup", "show", root], capture_output=True, text=True).stdout
+    return {f"{p['id']}:{p.get('name', '?')}" for p in json.loads(out.strip() or "[]")}
 
 
 def _own_congestion() -> set[str]:

@@ -111,8 +111,21 @@ def read_proxy(r: Reader, graw: dict, where: str, defaults: dict[str, Any]) -> P
     if mode in ONE_LISTENER and ports not in (None, BAD) and listen is not BAD and in_ranges(listen, ports):
         fail("listen_port", f"is also an intercepted port (ports); the proxy's listener needs a port of "
              f"its own: pick one outside ports (default {PROXY_DEFAULTS['listen_port']})")
+    proxy_handshake(v, fail)
     values = [v[k] for k in PROXY_KEYS]
     return BAD if any(x is BAD for x in values) else Proxy(*values)
+
+
+def proxy_handshake(v: dict, fail) -> None:
+    """handshake: "honest" (the origin answers a new flow's SYN before the proxy does) needs the
+    datapath's own interception; the default is honest there and early elsewhere."""
+    mode = v["interception"]
+    if v["handshake"] is None:
+        v["handshake"] = "honest" if mode == "bpf" else "early"
+    elif v["handshake"] == "honest" and mode not in ("bpf", BAD):
+        fail("handshake", f'"honest" needs interception = "bpf" (the datapath sends the SYN to the origin '
+             f'and hands it to the listener itself; interception is "{mode}"): use handshake = "early" or '
+             'interception = "bpf"')
 
 
 def read_experiment(r: Reader, graw: dict, where: str) -> Experiment | Any:

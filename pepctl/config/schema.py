@@ -46,6 +46,10 @@ PROXY_DEFAULTS: dict[str, Any] = {
     "mode": "tcp",
     "maxconn": 0,
     "log_connections": False,
+    # issue 26: what the split hides (docs/transparency.md)
+    "source_port": "any",   # "kept": docs/transparency.md says what it gives and risks
+    "mptcp": "bypass",
+    "handshake": None,      # "honest" in mode bpf, which alone can make it; "early" otherwise
 }
 PROXY_KEYS = tuple(PROXY_DEFAULTS)
 DEFAULT_CONGESTION = {"access": "bbr", "origin": "cubic"}
@@ -85,6 +89,9 @@ ENUMS = {
     "supervisor": ("auto", "systemd", "pepctl"),
     "splice": ("both", "auto", "off"),
     "mode": ("tcp", "http"),
+    "source_port": ("kept", "any"),
+    "mptcp": ("bypass", "proxy"),
+    "handshake": ("honest", "early"),
 }
 
 NO_GRAPHS = "no graphs; add at least one [[graph]] table (see etc/pep.example.toml)"

@@ -125,9 +125,8 @@ def tc_built(bpf_ready) -> Path:
 
 
 def loadall(obj: Path, pin: Path) -> None:
-    """Loads every program of obj (as tc classifiers) under pin/prog, its maps under pin/maps."""
-    r = _run(["bpftool", "prog", "loadall", str(obj), str(pin / "prog"), "type", "classifier",
-              "pinmaps", str(pin / "maps")])
+    """Loads every program of obj (each of its section's type) under pin/prog, its maps under pin/maps."""
+    r = _run(["bpftool", "prog", "loadall", str(obj), str(pin / "prog"), "pinmaps", str(pin / "maps")])
     if r.returncode != 0:
         pytest.fail(f"bpftool prog loadall {obj} {pin}: exit {r.returncode}\n{r.stderr}")
 

@@ -62,7 +62,6 @@ OBJECT = REPO / "tc" / "flow.o"
 
 TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0, 2, 7
 VERDICTS = {TC_ACT_OK: "TC_ACT_OK", TC_ACT_SHOT: "TC_ACT_SHOT", TC_ACT_REDIRECT: "TC_ACT_REDIRECT"}
-SKB_MARK_OFF = 8      # offsetof(struct __sk_buff, mark), read from the test run's ctx_out
 IP_TRANSPARENT = 19   # <linux/in.h>
 
 C_IN0, S_IN0 = fm.ifindexes(0)
@@ -74,7 +73,10 @@ SLOTS = (0, 1, 2)                                # whose counters every step wat
 # side name -> (ifindex, graph slot whose counters move; None: none may)
 SIDES = {"access": (C_IN0, 0), "origin": (S_IN0, 0), "access1": (C_IN1, 1), "origin1": (S_IN1, 1),
          "unused-slot": (UNUSED_SLOT, None), "below-range": (BELOW_RANGE, None),
-         "above-range": (ABOVE_RANGE, None)}
+         "above-range": (ABOVE_RANGE, None),
+         # flow_egress: the proxy's own segments leaving c_in (to the subscriber) or s_in (to the origin);
+         # fwd-to-origin: a segment forwarded from c_in leaving s_in (ingress_ifindex c_in's)
+         "to-access": (C_IN0, 0), "to-origin": (S_IN0, 0), "fwd-to-origin": (S_IN0, 0)}
 
 CLIENT, CLIENT2, SERVER = "198.18.0.10", "198.18.0.11", "198.19.0.10"
 CLIENT6, SERVER6 = "2001:2:0:1::10", "2001:2:0:2::10"
@@ -103,6 +105,9 @@ G0 = {"flags": fm.GRAPH_F_ENABLED, "listen_port": LPORT0, "addresses": G0_ADDRS,
 G1 = {"flags": fm.GRAPH_F_ENABLED | fm.GRAPH_F_ASSIGN | fm.GRAPH_F_ALL_PORTS | fm.GRAPH_F_ORIGIN_SYNS,
       "listen_port": LPORT1, "addresses": G1_ADDRS, "intercept": []}
 EST_CLIENT, EST_SERVER = ("198.18.1.1", 40900), ("198.19.1.1", 7000)   # the real established pair
+# Local addresses of slot 1's sides that are not the graph's own: the ends of the connections whose
+# TIME_WAIT sockets the cases make (a SYN to the graph's own addresses is dropped before anything).
+TW_CLIENT, TW_SERVER = "198.18.1.5", "198.19.1.5"
 
 NETNS_SETUP = [
     ["link", "add", "pflc0", "index", str(C_IN0), "type", "veth", "peer", "name", "pflc0p", "index", "21"],
@@ -119,6 +124,8 @@ NETNS_SETUP = [
     ["addr", "add", "2001:2:0:1::1/64", "dev", "pflc0", "nodad"],
     ["addr", "add", "198.19.0.1/24", "dev", "pfls0"],
     ["addr", "add", f"{OTHER_LOCAL}/32", "dev", "pfls0"],
+    ["addr", "add", f"{TW_CLIENT}/32", "dev", "pflc1"],
+    ["addr", "add", f"{TW_SERVER}/32", "dev", "pfls1"],
     ["addr", "add", "2001:2:0:2::1/64", "dev", "pfls0", "nodad"],
     ["addr", "add", "198.18.1.1/24", "dev", "pflc1"],
     ["addr", "add", "198.19.1.1/24", "dev", "pfls1"],
@@ -150,10 +157,11 @@ def on_origin(l3: Packet, slot: int = 0) -> Packet:
 
 
 def tcp(src: str, sport: int, dst: str, dport: int, flags: str, seq: int, ack: int, ttl: int = 64,
-        **ip) -> Packet:
+        opts: tuple = (), **ip) -> Packet:
+    seg = TCP(sport=sport, dport=dport, flags=flags, seq=seq, ack=ack, options=list(opts))
     if ":" in src:
-        return IPv6(src=src, dst=dst, hlim=ttl) / TCP(sport=sport, dport=dport, flags=flags, seq=seq, ack=ack)
-    return IP(src=src, dst=dst, ttl=ttl, **ip) / TCP(sport=sport, dport=dport, flags=flags, seq=seq, ack=ack)
+        return IPv6(src=src, dst=dst, hlim=ttl, **ip) / seg
+    return IP(src=src, dst=dst, ttl=ttl, **ip) / seg
 
 
 def syn(sport: int, dport: int = 80, src: str = CLIENT, dst: str = SERVER, flags: str = "S", seq: int = 1000,
@@ -220,6 +228,16 @@ def cnt(**moves: int) -> dict[str, int]:
 BYPASSED = cnt(pkts_bypassed=1)
 NEW_BYPASS = cnt(flows_bypass_rule=1, pkts_bypassed=1)
 NEW_PROXY = cnt(flows_proxied=1)
+NEW_MPTCP = cnt(flows_bypass_mptcp=1, pkts_bypassed=1)
+# The honest handshake: a probe forwarded; an answer made the opener's SYN, which the listener refuses in
+# a test run (bpf_sk_assign), so it is put in at the opener's interface (TC_ACT_REDIRECT).
+PROBED = cnt(syns_probed=1, pkts_bypassed=1)
+ACCEPTED = cnt(origin_accepted=1, assign_failed=1)
+# TCP options of a Linux SYN, and RFC 8684's MPTCP options: MP_CAPABLE (subtype 0, version 1, flag
+# A: checksums; v1 SYNs carry no key) and MP_JOIN (subtype 1, the receiver's token, a nonce).
+LINUX_OPTS = (("MSS", 1460), ("SAckOK", b""), ("Timestamp", (123456, 0)), ("NOP", None), ("WScale", 7))
+MP_CAPABLE = (30, bytes([0x01, 0x81]))
+MP_JOIN = (30, bytes([0x10, 0x00]) + b"\x0b\xad\xca\xfe" + b"\x12\x34\x56\x78")
 FAILOPEN = cnt(flows_bypass_failopen=1, pkts_bypassed=1)
 ASSIGN_REFUSED = cnt(assign_failed=1, flows_bypass_failopen=1, pkts_bypassed=1)   # slot 1, listener up
 NO_FLOW = cnt(pkts_no_flow=1)
@@ -231,11 +249,12 @@ STALE = cnt(flows_stale=1, pkts_no_flow=1)
 @dataclass
 class Send:
     side: str                       # a key of SIDES
-    frame: Packet | bytes
+    frame: Packet | bytes | Callable    # a callable makes it from the datapath (dp.seen: what a Do saw)
     verdict: int
-    out: Packet | bytes | None = None   # None: must come out unchanged
+    out: Packet | bytes | Callable | None = None   # None: must come out unchanged
     counters: dict[str, int] = field(default_factory=dict)   # of the side's slot; all others stay
     mark: int = 0                   # the skb mark left: PEP_LOCAL_MARK on a segment of a socket's flow
+    mark_in: int = 0                # the skb mark it comes with
 
 
 @dataclass
@@ -284,6 +303,87 @@ def del_rules(slot: int, **rules) -> Do:
 def listener(port: int, up: bool) -> Do:
     return Do(f"listener on port {port} {'opened' if up else 'closed'}",
               lambda dp: dp.listen(port) if up else dp.unlisten(port))
+
+
+def time_wait(cport: int, sport: int, at_client: bool = False) -> Do:
+    def make(dp):
+        dp.seen["rcv_nxt"] = dp.run_in_ns(_time_wait, cport, sport, at_client)
+    if at_client:
+        return Do(f"a TIME_WAIT socket {TW_CLIENT}:{cport} -> {TW_SERVER}:{sport}", make)
+    return Do(f"a TIME_WAIT socket {TW_SERVER}:{sport} <- {TW_CLIENT}:{cport}", make)
+
+
+def honest() -> Do:
+    return graph_flags(1, G1["flags"] | fm.GRAPH_F_HONEST, LPORT1)
+
+
+# What Linux's SYN and a SYN-ACK offer, as marks flags.
+SUB_OFFERS = fm.MARK_F_SUB_SACK | fm.MARK_F_SUB_TS | fm.MARK_F_SUB_OPTS
+ORG_OFFERS = fm.MARK_F_ORG_SACK | fm.MARK_F_ORG_TS | fm.MARK_F_ORG_OPTS
+ORIGIN_OPTS = (("MSS", 1400), ("SAckOK", b""), ("Timestamp", (777, 123456)), ("NOP", None), ("WScale", 9))
+# The SYNs the honest handshake must give back byte for byte: IP fields and options of their own.
+H_SYN = syn1(40170, opts=LINUX_OPTS, tos=0x88, id=4011, ttl=61)
+H_SYN6 = on_access(IPv6(src=CLIENT6, dst=SERVER6, tc=0x20, fl=0xFAB12, hlim=63)
+                   / TCP(sport=40174, dport=80, flags="S", seq=1000, window=4011, options=list(LINUX_OPTS)))
+
+
+def expect_marks(flow: tuple, want: tuple | None) -> Do:
+    def check(dp):
+        got = dp.marks(*flow)
+        assert got == want, f"marks of {flow}: expected {want}, got {got}"
+    return Do(f"marks of {flow} are {want}", check)
+
+
+def conns(slot: int, n: int) -> Do:
+    """flow_conns' count of slot (GRAPHS_MAX: all graphs) set to n, as if it had counted them."""
+    def write(dp):
+        with fm.open_map(dp.pins, "conns") as m:
+            m.update(fm.U32.pack(slot), fm.U64.pack(n))
+    return Do(f"conns[{slot}] = {n}", write)
+
+
+def limits(slot: int, maxconn: int, host_maxconn: int) -> Do:
+    g = {0: G0, 1: G1}[slot]
+    return Do(f"slot {slot}: maxconn {maxconn}, host_maxconn {host_maxconn}",
+              lambda dp: fm.set_flags(dp.pins, slot, g["flags"], g["listen_port"], limits=(maxconn, host_maxconn)))
+
+
+def _full_queue(port: int) -> list[socket.socket]:
+    """A listener on port with backlog 0 and a connection waiting in its accept queue: full (the
+    kernel would drop the next handshake's last ACK). Returns the sockets."""
+    lis = socket.socket(socket.AF_INET6)
+    lis.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    lis.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    lis.bind(("::", port))
+    lis.listen(0)
+    cli = socket.socket()
+    cli.settimeout(5)
+    cli.connect(("198.18.0.1", port))
+    return [lis, cli]
+
+
+def full_queue(port: int) -> Do:
+    def make(dp):
+        dp.unlisten(port)
+        dp.owned.extend(dp.run_in_ns(_full_queue, port))
+    return Do(f"listener {port} with a full accept queue", make)
+
+
+def expect_syn(flow: tuple, want: str | None) -> Do:
+    def check(dp):
+        got = dp.syn_state(*flow)
+        assert got == want, f"honest-handshake record of {flow}: expected {want}, got {got}"
+    return Do(f"the record of {flow} is {want}", check)
+
+
+def marks(flow: tuple, sub_dscp: int, org_dscp: int, flags: int, sub_mss: int = 0, org_mss: int = 0) -> Do:
+    return Do(f"marks of {flow} set to {sub_dscp:#x}, {org_dscp:#x}, {flags:#x}, MSS {sub_mss}, {org_mss}",
+              lambda dp: dp.set_marks(flow, sub_dscp, org_dscp, flags, sub_mss, org_mss))
+
+
+def tw_syn(cport: int, sport: int, seq: int) -> Packet:
+    return on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=cport, dport=sport, flags="S",
+                                                             seq=seq & 0xFFFFFFFF), 1)
 
 
 def graph_flags(slot: int, flags: int, listen_port: int) -> Do:
@@ -480,6 +580,28 @@ CASES = [
         Send("access", ack(40021), TC_ACT_REDIRECT, fwd(ack(40021)), PROMOTED),
         Send("access", syn(40022), TC_ACT_OK, counters=NEW_PROXY)],
         flows=[Flow(CLIENT, 40021, SERVER, 80, "flows", "bypass_failopen"), Flow(CLIENT, 40022, SERVER, 80, None)]),
+    # -- 4b. the proxy cannot take the flow now: end to end from its first SYN
+    Case("overload-maxconn", "slot 0 at its maxconn (conns counted by flow_conns): BYPASS_OVERLOAD, forwarded "
+         "and remembered; one connection fewer: proxied", [
+        limits(0, 3, 0),
+        conns(0, 3),
+        Send("access", syn(40180), TC_ACT_REDIRECT, fwd(syn(40180)), cnt(flows_bypass_overload=1, pkts_bypassed=1)),
+        Send("origin", reply(80, 40180), TC_ACT_REDIRECT, fwd(reply(80, 40180)), BYPASSED),
+        conns(0, 2),
+        Send("access", syn(40181), TC_ACT_OK, counters=NEW_PROXY),
+        Send("access", ack(40180), TC_ACT_REDIRECT, fwd(ack(40180)), PROMOTED)],
+        flows=[Flow(CLIENT, 40180, SERVER, 80, "flows", "bypass_overload", state="established")]),
+    Case("overload-host", "all graphs together at the instance's maxconn: BYPASS_OVERLOAD; no limit (0): "
+         "proxied", [
+        limits(0, 0, 10),
+        conns(fm.GRAPHS_MAX, 10),
+        Send("access", syn(40182), TC_ACT_REDIRECT, fwd(syn(40182)), cnt(flows_bypass_overload=1, pkts_bypassed=1)),
+        limits(0, 0, 0),
+        Send("access", syn(40183), TC_ACT_OK, counters=NEW_PROXY)]),
+    Case("overload-accept-queue", "a listener whose accept queue is full (read through CO-RE): BYPASS_OVERLOAD", [
+        full_queue(LPORT0),
+        Send("access", syn(40184), TC_ACT_REDIRECT, fwd(syn(40184)), cnt(flows_bypass_overload=1, pkts_bypassed=1))],
+        flows=[Flow(CLIENT, 40184, SERVER, 80, "flows_new", "bypass_overload")]),
     Case("listen-port-0", "listen_port 0: the listener looked for is on the SYN's own port", [
         graph_flags(0, fm.GRAPH_F_ENABLED, 0),
         Send("access", syn(40024), TC_ACT_REDIRECT, fwd(syn(40024)), FAILOPEN),
@@ -517,6 +639,232 @@ CASES = [
         Send("access1", ack1(40122, ack=123457), TC_ACT_OK, counters=NO_FLOW),
         Send("origin1", reply1(80, 40122, flags="A", ack=1001), TC_ACT_OK, counters=NO_FLOW)]),
     # -- the flow tables: handshake, promotion, retransmissions, reuse, end
+    # -- 3c. source_port = "kept": a port the proxy could not connect from is bypassed
+    Case("keep-port-busy", "KEEP_PORT (slot 1): the origin side's 4-tuple is held by the proxy's own socket "
+         "(its previous connection from that port): BYPASS_BUSY, forwarded; another port is proxied", [
+        graph_flags(1, G1["flags"] | fm.GRAPH_F_KEEP_PORT, LPORT1),
+        Do("the proxy's socket CLIENT1:40150 -> SERVER1:80", lambda dp: dp.own(CLIENT1, 40150, SERVER1, 80)),
+        Send("access1", syn1(40150), TC_ACT_REDIRECT, fwd(syn1(40150)), cnt(flows_bypass_busy=1, pkts_bypassed=1)),
+        Send("access1", syn1(40151), TC_ACT_REDIRECT, fwd(syn1(40151)), ASSIGN_REFUSED)],
+        flows=[Flow(CLIENT1, 40150, SERVER1, 80, "flows_new", "bypass_busy", graph=1)]),
+    Case("keep-port-freed", "KEEP_PORT (slot 1): the proxy's previous origin-side socket of the client's port "
+         "in TIME_WAIT (its origin done with it): ended by a RST as from the origin (seq = its rcv_nxt), marked "
+         "for local delivery; the SYN goes round again", [
+        graph_flags(1, G1["flags"] | fm.GRAPH_F_KEEP_PORT, LPORT1),
+        time_wait(40153, 7104, at_client=True),
+        Send("access1", tw_syn(40153, 7104, 1000), TC_ACT_OK,
+             lambda dp: Ether(src=C_IN_MAC[1], dst=HOST_MAC[CLIENT]) / IP(src=TW_SERVER, dst=TW_CLIENT)
+             / TCP(sport=7104, dport=40153, flags="R", seq=dp.seen["rcv_nxt"], window=0),
+             cnt(port_freed=1), mark=fm.LOCAL_MARK),
+        # Back from its round, the socket still there: no second round, bypassed (to a local address of
+        # this test's namespace: forward() leaves it to the stack).
+        Send("access1", tw_syn(40153, 7104, 1000), TC_ACT_OK, counters=cnt(flows_bypass_busy=1),
+             mark_in=fm.RETRY_MARK)],
+        flows=[Flow(TW_CLIENT, 40153, TW_SERVER, 7104, "flows_new", "bypass_busy", graph=1)]),
+    Case("fin-deferred", "KEEP_PORT, ASSIGN (slot 1): the subscriber's bare FIN to the proxy's open socket "
+         "before the proxy's connection to the origin exists is dropped (it comes again); with data, or "
+         "without KEEP_PORT, it goes", [
+        Do("an accepted connection with no origin side", lambda dp: dp.owned.append(dp.run_in_ns(
+            _half_gone, 40191, 7105))),
+        Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40191, dport=7105, flags="FA"), 1),
+             TC_ACT_OK, counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
+        graph_flags(1, G1["flags"] | fm.GRAPH_F_KEEP_PORT, LPORT1),
+        Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40191, dport=7105, flags="FA"), 1),
+             TC_ACT_SHOT, counters=cnt(pkts_assigned=1, fin_deferred=1), mark=fm.LOCAL_MARK),
+        Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40191, dport=7105, flags="FPA")
+                                  / b"last", 1),
+             TC_ACT_OK, counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK)]),
+    Case("fin-deferred-once", "ASSIGN (slot 1), a spare source port: a proxied flow's first bare FIN while "
+         "its subscriber has sent nothing is held back once; the next goes; a subscriber that sent data has "
+         "its FIN go at once", [
+        Do("an accepted connection with no origin side", lambda dp: dp.owned.append(dp.run_in_ns(
+            _half_gone, 40192, 7106))),
+        marks((TW_CLIENT, 40192, TW_SERVER, 7106, 1), 0, 0, fm.MARK_F_SUB_OPTS),
+        Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40192, dport=7106, flags="FA"), 1),
+             TC_ACT_SHOT, counters=cnt(pkts_assigned=1, fin_deferred=1), mark=fm.LOCAL_MARK),
+        Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40192, dport=7106, flags="FA"), 1),
+             TC_ACT_OK, counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
+        marks((TW_CLIENT, 40192, TW_SERVER, 7106, 1), 0, 0, fm.MARK_F_SUB_OPTS),
+        Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40192, dport=7106, flags="PA")
+                                  / b"GET", 1), TC_ACT_OK, counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
+        Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40192, dport=7106, flags="FA"), 1),
+             TC_ACT_OK, counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK)]),
+    Case("keep-port-listener", "KEEP_PORT (slot 0): a client port the proxy listens on (50080) is busy: "
+         "bind() would fail; without KEEP_PORT it is proxied", [
+        Send("access", syn(LPORT0), TC_ACT_OK, counters=NEW_PROXY),
+        graph_flags(0, G0["flags"] | fm.GRAPH_F_KEEP_PORT, LPORT0),
+        Send("access", syn(LPORT0, seq=2000), TC_ACT_REDIRECT, fwd(syn(LPORT0, seq=2000)),
+             cnt(flows_bypass_busy=1, pkts_bypassed=1)),
+        Send("access", syn(40152), TC_ACT_OK, counters=NEW_PROXY)],
+        flows=[Flow(CLIENT, LPORT0, SERVER, 80, "flows_new", "bypass_busy", syn_seq=2000)]),
+    # -- the honest handshake (GRAPH_F_HONEST, slot 1): the origin answers the SYN first
+    Case("honest-accepted", "a SYN goes on to the origin (recorded, forwarded), its retransmission too; the "
+         "origin's SYN-ACK becomes that very SYN again (MACs, IP fields, options), handed to the listener there "
+         "(refused in a test run, so put in at the opener's interface); there it goes to the listener (refused "
+         "again: fail open)", [
+        honest(),
+        Send("access1", H_SYN, TC_ACT_REDIRECT, fwd(H_SYN), PROBED),
+        expect_syn((CLIENT1, 40170, SERVER1, 80, 1), "probing"),
+        Send("access1", H_SYN, TC_ACT_REDIRECT, fwd(H_SYN), BYPASSED),
+        Send("origin1", reply1(80, 40170, opts=ORIGIN_OPTS, tos=0x48), TC_ACT_REDIRECT, H_SYN, ACCEPTED),
+        expect_syn((CLIENT1, 40170, SERVER1, 80, 1), "accepted"),
+        expect_marks((CLIENT1, 40170, SERVER1, 80, 1), (0x88, 0x48, SUB_OFFERS | ORG_OFFERS, 0, 1460, 1400)),
+        # The origin's SYN-ACK again (it had the SYN twice): the RST again (the opener's DSCP), back out,
+        # never to the opener.
+        Send("origin1", reply1(80, 40170, opts=(("MSS", 1400),)), TC_ACT_REDIRECT,
+             Ether(src=S_IN_MAC[1], dst=HOST_MAC[SERVER1]) / IP(src=CLIENT1, dst=SERVER1, tos=0x88)
+             / TCP(sport=40170, dport=80, flags="R", seq=1001, window=0)),
+        Send("access1", H_SYN, TC_ACT_REDIRECT, fwd(H_SYN), ASSIGN_REFUSED),
+        expect_syn((CLIENT1, 40170, SERVER1, 80, 1), None)]),
+    Case("honest-refused", "the origin's RST answering the probe goes on to the opener (forwarded); the record "
+         "goes", [
+        honest(),
+        Send("access1", syn1(40171), TC_ACT_REDIRECT, fwd(syn1(40171)), PROBED),
+        Send("origin1", reply1(80, 40171, flags="RA", seq=0), TC_ACT_REDIRECT,
+             fwd(reply1(80, 40171, flags="RA", seq=0)), cnt(origin_refused=1, pkts_bypassed=1)),
+        expect_syn((CLIENT1, 40171, SERVER1, 80, 1), None)]),
+    Case("honest-ecn", "ECE and CWR of the rebuilt SYN: kept when the origin agreed to ECN (ECE without "
+         "CWR), dropped when it did not", [
+        honest(),
+        Send("access1", syn1(40172, flags="SEC"), TC_ACT_REDIRECT, fwd(syn1(40172, flags="SEC")), PROBED),
+        Send("origin1", reply1(80, 40172, flags="SAE"), TC_ACT_REDIRECT, syn1(40172, flags="SEC"),
+             ACCEPTED),
+        Send("access1", syn1(40173, flags="SEC"), TC_ACT_REDIRECT, fwd(syn1(40173, flags="SEC")), PROBED),
+        Send("origin1", reply1(80, 40173, flags="SA"), TC_ACT_REDIRECT, syn1(40173, flags="S"),
+             ACCEPTED),
+        expect_marks((CLIENT1, 40173, SERVER1, 80, 1),
+                     (0, 0, fm.MARK_F_SUB_ECN | fm.MARK_F_SUB_OPTS | fm.MARK_F_ORG_OPTS, 0, 0, 0))]),
+    Case("honest-offer", "an origin that offers no SACK and no timestamps: the rebuilt SYN offers neither "
+         "(made NOPs), so the proxy's SYN-ACK will not", [
+        honest(),
+        Send("access1", syn1(40178, opts=LINUX_OPTS), TC_ACT_REDIRECT, fwd(syn1(40178, opts=LINUX_OPTS)), PROBED),
+        Send("origin1", reply1(80, 40178, opts=(("MSS", 1200),)), TC_ACT_REDIRECT,
+             syn1(40178, opts=(("MSS", 1460), *[("NOP", None)] * 13, ("WScale", 7))), ACCEPTED)]),
+    Case("honest-v6", "IPv6 (slot 0 made ASSIGN and HONEST): the rebuilt SYN has the opener's traffic class, "
+         "flow label and hop limit", [
+        graph_flags(0, G0["flags"] | fm.GRAPH_F_ASSIGN | fm.GRAPH_F_HONEST, LPORT0),
+        Send("access", H_SYN6, TC_ACT_REDIRECT, fwd(H_SYN6), PROBED),
+        Send("origin", reply(80, 40174, src=SERVER6, dst=CLIENT6, ttl=57, opts=ORIGIN_OPTS), TC_ACT_REDIRECT, H_SYN6,
+             ACCEPTED)]),
+    Case("honest-not-probed", "a SYN with data (Fast Open) is not probed: to the listener at once", [
+        honest(),
+        Send("access1", syn1(40175) / b"GET /", TC_ACT_REDIRECT, fwd(syn1(40175) / b"GET /"), ASSIGN_REFUSED)]),
+    Case("honest-probe-failed", "an answer that cannot be rewritten (a SYN-ACK with data) makes the flow end "
+         "to end: bypass_failopen, the answer forwarded", [
+        honest(),
+        Send("access1", syn1(40176), TC_ACT_REDIRECT, fwd(syn1(40176)), PROBED),
+        Send("origin1", reply1(80, 40176) / b"x", TC_ACT_REDIRECT, fwd(reply1(80, 40176) / b"x"),
+             cnt(probe_failed=1, flows_bypass_failopen=1, pkts_bypassed=1))],
+        flows=[Flow(CLIENT1, 40176, SERVER1, 80, "flows_new", "bypass_failopen", state="synack_seen", graph=1)]),
+    Case("honest-other-ack", "a SYN-ACK acking another ISN is not the probe's answer", [
+        honest(),
+        Send("access1", syn1(40177), TC_ACT_REDIRECT, fwd(syn1(40177)), PROBED),
+        Send("origin1", reply1(80, 40177, ack=4242), TC_ACT_OK, counters=NO_FLOW),
+        expect_syn((CLIENT1, 40177, SERVER1, 80, 1), "probing")]),
+    # -- marks carried across the split (flow_marks.h): made at the SYN, kept from each end, applied out
+    Case("marks-syn", "a proxied SYN with DSCP AF41 (TOS 0x88) that asks ECN (ECE, CWR) and offers Linux's "
+         "options leaves its marks; a plain SYN on the same 4-tuple later replaces them", [
+        Send("access", syn(40160, flags="SEC", tos=0x88, opts=LINUX_OPTS), TC_ACT_OK, counters=NEW_PROXY),
+        expect_marks((CLIENT, 40160, SERVER, 80), (0x88, 0, fm.MARK_F_SUB_ECN | SUB_OFFERS, 0, 1460, 0)),
+        Send("access", syn(40160, seq=9000), TC_ACT_OK, counters=NEW_PROXY),
+        expect_marks((CLIENT, 40160, SERVER, 80), (0, 0, fm.MARK_F_SUB_OPTS, 0, 0, 0))]),
+    Case("marks-syn-v6", "IPv6: the DSCP of the traffic class (0xb8: EF), ECN bits aside", [
+        Send("access", syn(40161, src=CLIENT6, dst=SERVER6, tc=0xba), TC_ACT_OK, counters=NEW_PROXY),
+        expect_marks((CLIENT6, 40161, SERVER6, 80), (0xb8, 0, fm.MARK_F_SUB_OPTS, 0, 0, 0))]),
+    Case("marks-in", "ASSIGN (slot 1): segments of a proxied flow update each end's DSCP; the origin's RST "
+         "sets ORG_RESET", [
+        Send("access1", on_access(tcp(*EST_CLIENT, *EST_SERVER, "A", 1, 1, tos=0x28), 1), TC_ACT_OK,
+             counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
+        Send("origin1", on_origin(tcp(*EST_SERVER, *EST_CLIENT, "A", 1, 1, tos=0x48), 1), TC_ACT_OK,
+             counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
+        expect_marks((*EST_CLIENT, *EST_SERVER, 1), (0x28, 0x48, 0, 0, 0, 0)),
+        Send("origin1", on_origin(tcp(*EST_SERVER, *EST_CLIENT, "RA", 1, 1, tos=0x48), 1), TC_ACT_OK,
+             counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
+        expect_marks((*EST_CLIENT, *EST_SERVER, 1), (0x28, 0x48, fm.MARK_F_ORG_RESET, 0, 0, 0))]),
+    Case("egress-ecn", "the proxy's SYN to the origin keeps ECE and CWR only when its subscriber asked; a "
+         "forwarded SYN (a bypassed flow's: it came in on c_in) is not the proxy's and keeps them", [
+        Send("to-origin", syn(40162, flags="SEC"), TC_ACT_OK, syn(40162, flags="S")),
+        marks((CLIENT, 40163, SERVER, 80), 0, 0, fm.MARK_F_SUB_ECN),
+        Send("to-origin", syn(40163, flags="SEC"), TC_ACT_OK),
+        Send("fwd-to-origin", syn(40162, flags="SEC"), TC_ACT_OK)]),
+    Case("egress-offer", "the proxy's SYN offers no more than its subscriber did (MSS 1300, no SACK, no "
+         "timestamps: NOPs), its SYN-ACK an MSS no larger than the origin's", [
+        marks((CLIENT, 40169, SERVER, 80), 0, 0, fm.MARK_F_SUB_OPTS | fm.MARK_F_ORG_OPTS, 1300, 1200),
+        Send("to-origin", syn(40169, opts=LINUX_OPTS), TC_ACT_OK,
+             syn(40169, opts=(("MSS", 1300), *[("NOP", None)] * 13, ("WScale", 7)))),
+        Send("to-access", reply(80, 40169, opts=LINUX_OPTS), TC_ACT_OK,
+             reply(80, 40169, opts=(("MSS", 1200), *LINUX_OPTS[1:]))),
+        marks((CLIENT, 40179, SERVER, 80), 0, 0, SUB_OFFERS, 1500, 0),
+        Send("to-origin", syn(40179, opts=LINUX_OPTS), TC_ACT_OK)]),
+    Case("egress-dscp", "the proxy's segments carry the other end's DSCP, their own ECN bits kept, both "
+         "families; forwarded packets (no socket) and flows without marks pass untouched", [
+        marks((CLIENT, 40164, SERVER, 80), 0x88, 0x20, 0),
+        Send("to-origin", ack(40164, flags="PA", tos=0x02), TC_ACT_OK, ack(40164, flags="PA", tos=0x8a)),
+        Send("to-access", reply(80, 40164, flags="A", tos=0x01), TC_ACT_OK, reply(80, 40164, flags="A", tos=0x21)),
+        Send("to-access", reply(80, 40165, flags="A", tos=0x01), TC_ACT_OK),
+        marks((CLIENT6, 40166, SERVER6, 80), 0xb8, 0, 0),
+        Send("to-origin", ack(40166, src=CLIENT6, dst=SERVER6, tc=0x01), TC_ACT_OK,
+             ack(40166, src=CLIENT6, dst=SERVER6, tc=0xb9))]),
+    Case("egress-reset", "after the origin's reset the proxy's FIN to the subscriber goes as a RST at its "
+         "sequence number (counted; the socket's own RST goes round through c_in); a FIN with data loses its "
+         "FIN only", [
+        marks((CLIENT, 40167, SERVER, 80), 0, 0, fm.MARK_F_ORG_RESET),
+        Send("to-access", reply(80, 40167, flags="FA"), TC_ACT_OK,
+             on_origin(IP(src=SERVER, dst=CLIENT) / TCP(sport=80, dport=40167, flags="R", seq=5000, window=0)),
+             cnt(resets_to_sub=1)),
+        Send("to-access", reply(80, 40167, flags="FPA") / b"tail", TC_ACT_OK, reply(80, 40167, flags="PA") / b"tail"),
+        Send("to-access", reply(80, 40168, flags="FA"), TC_ACT_OK)]),
+    # -- mode bpf, a TIME_WAIT socket of the proxy on the SYN's 4-tuple
+    Case("time-wait-reset", "ASSIGN (slot 1): a SYN the kernel would let past a TIME_WAIT socket of its 4-tuple "
+         "is made the RST that ends it (seq = its rcv_nxt, same direction, no options), marked for local "
+         "delivery; a copy goes round again", [
+        time_wait(40140, 7100),
+        Send("access1", lambda dp: tw_syn(40140, 7100, dp.seen["rcv_nxt"] + 5000), TC_ACT_OK,
+             lambda dp: on_access(IP(src=TW_CLIENT, dst=TW_SERVER)
+                                  / TCP(sport=40140, dport=7100, flags="R", seq=dp.seen["rcv_nxt"], window=0), 1),
+             cnt(tw_reset=1), mark=fm.LOCAL_MARK)]),
+    Case("time-wait-old-syn", "ASSIGN (slot 1): a SYN not past the TIME_WAIT socket's rcv_nxt (no timestamp) "
+         "goes to that socket unchanged, which answers as the kernel does", [
+        time_wait(40141, 7101),
+        Send("access1", lambda dp: tw_syn(40141, 7101, dp.seen["rcv_nxt"] - 5000), TC_ACT_OK,
+             counters=cnt(tw_old_syn=1), mark=fm.LOCAL_MARK)]),
+    Case("time-wait-retry", "ASSIGN (slot 1): the copy sent round (PEP_RETRY_MARK) that finds the TIME_WAIT "
+         "socket still there goes to it: no second round", [
+        time_wait(40142, 7102),
+        Send("access1", lambda dp: tw_syn(40142, 7102, dp.seen["rcv_nxt"] + 5000), TC_ACT_OK,
+             counters=cnt(tw_old_syn=1), mark=fm.LOCAL_MARK, mark_in=fm.RETRY_MARK)]),
+    Case("time-wait-late-segment", "ASSIGN (slot 1): a late FIN of the proxy's closed connection goes to its "
+         "TIME_WAIT socket", [
+        time_wait(40143, 7103),
+        Send("access1", lambda dp: on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(
+            sport=40143, dport=7103, flags="FA", seq=dp.seen["rcv_nxt"] - 1, ack=1), 1), TC_ACT_OK,
+             counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK)]),
+    # -- 3a. MPTCP: bypassed by default, end to end
+    Case("mptcp-capable", "a SYN with MP_CAPABLE among Linux's options is bypassed (BYPASS_MPTCP), its "
+         "SYN-ACK forwarded; a plain SYN from the same client is proxied", [
+        Send("access", syn(40130, opts=(*LINUX_OPTS, MP_CAPABLE)), TC_ACT_REDIRECT,
+             fwd(syn(40130, opts=(*LINUX_OPTS, MP_CAPABLE))), NEW_MPTCP),
+        Send("origin", reply(80, 40130, opts=(MP_CAPABLE,)), TC_ACT_REDIRECT,
+             fwd(reply(80, 40130, opts=(MP_CAPABLE,))), BYPASSED),
+        Send("access", syn(40131, opts=LINUX_OPTS), TC_ACT_OK, counters=NEW_PROXY)],
+        flows=[Flow(CLIENT, 40130, SERVER, 80, "flows_new", "bypass_mptcp", state="synack_seen"),
+               Flow(CLIENT, 40131, SERVER, 80, None)]),
+    Case("mptcp-join-v6", "an IPv6 SYN with MP_JOIN (a subflow) is bypassed too", [
+        Send("access", syn(40132, src=CLIENT6, dst=SERVER6, opts=(MP_JOIN, ("NOP", None), ("NOP", None))),
+             TC_ACT_REDIRECT, fwd(syn(40132, src=CLIENT6, dst=SERVER6, opts=(MP_JOIN, ("NOP", None), ("NOP", None)))),
+             NEW_MPTCP)],
+        flows=[Flow(CLIENT6, 40132, SERVER6, 80, "flows_new", "bypass_mptcp")]),
+    Case("mptcp-after-eol", "an MPTCP option after End of Options is no option: proxied", [
+        Send("access", syn(40133, opts=(("MSS", 1460), ("EOL", None), MP_CAPABLE)), TC_ACT_OK, counters=NEW_PROXY)]),
+    Case("mptcp-rule-first", "a bypass rule comes before MPTCP: counted as bypass_rule", [
+        Send("access", syn(40134, opts=(MP_CAPABLE,)), TC_ACT_REDIRECT, fwd(syn(40134, opts=(MP_CAPABLE,))),
+             NEW_BYPASS)], rules=C32, flows=[Flow(CLIENT, 40134, SERVER, 80, "flows_new", "bypass_rule")]),
+    Case("mptcp-proxy", "mptcp = \"proxy\" (GRAPH_F_PROXY_MPTCP): an MP_CAPABLE SYN is proxied as plain TCP", [
+        graph_flags(0, fm.GRAPH_F_ENABLED | fm.GRAPH_F_PROXY_MPTCP, LPORT0),
+        Send("access", syn(40135, opts=(*LINUX_OPTS, MP_CAPABLE)), TC_ACT_OK, counters=NEW_PROXY)]),
+    Case("bad-data-offset", "a SYN whose data offset points past its end is left to the stack", [
+        Send("access", on_access(IP(src=CLIENT, dst=SERVER) / TCP(sport=40136, dport=80, flags="S", dataofs=15)),
+             TC_ACT_OK, counters=cnt(pkts_not_tcp=1))]),
     Case("syn-retransmit", "a retransmitted SYN keeps the verdict and is counted once", [
         Send("access", syn(40017), TC_ACT_REDIRECT, fwd(syn(40017)), NEW_BYPASS),
         Send("access", syn(40017), TC_ACT_REDIRECT, fwd(syn(40017)), BYPASSED)],
@@ -731,6 +1079,69 @@ def _established_pair() -> tuple[socket.socket, socket.socket]:
     return cli, conn
 
 
+TCP_REPAIR, TCP_REPAIR_QUEUE, TCP_QUEUE_SEQ, TCP_SEND_QUEUE = 19, 20, 21, 2   # <linux/tcp.h>
+
+
+def _fin_seq(s: socket.socket) -> int:
+    """The sequence number s's FIN will have: its send queue's end, read in repair mode."""
+    s.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR, 1)
+    s.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR_QUEUE, TCP_SEND_QUEUE)
+    seq = s.getsockopt(socket.IPPROTO_TCP, TCP_QUEUE_SEQ)
+    s.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR, 0)
+    return seq
+
+
+def _pair(cport: int, sport: int) -> tuple[socket.socket, socket.socket]:
+    """A connection over lo, TW_CLIENT:cport -> TW_SERVER:sport: (client end, server end)."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((TW_SERVER, sport))
+    srv.listen(1)
+    cli = socket.socket()
+    try:
+        cli.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        cli.bind((TW_CLIENT, cport))
+        cli.settimeout(5)
+        cli.connect((TW_SERVER, sport))
+        conn, _ = srv.accept()
+    finally:
+        srv.close()
+    return cli, conn
+
+
+def _time_wait(cport: int, sport: int, at_client: bool = False) -> int:
+    """A TIME_WAIT socket, its end of a _pair closed first: the server's end (local TW_SERVER:sport),
+    as HAProxy's accepted socket is left when the proxy closed first, or (at_client) the client's end,
+    as its connection to the origin is. Returns its rcv_nxt: the other end's FIN's sequence number + 1,
+    read in repair mode before that FIN."""
+    cli, conn = _pair(cport, sport)
+    first, second = (cli, conn) if at_client else (conn, cli)
+    try:
+        first.close()
+        second.settimeout(5)
+        assert second.recv(1) == b"", "the second end saw data, not the first's FIN"
+        fin_seq = _fin_seq(second)
+    finally:
+        second.close()
+    local = f"{TW_CLIENT}:{cport}" if at_client else f"{TW_SERVER}:{sport}"
+    deadline = time.monotonic() + 5
+    while subprocess.run(["ss", "-Htn", "state", "time-wait", "src", local], capture_output=True,
+                         text=True).stdout.strip() == "":
+        assert time.monotonic() < deadline, f"no TIME_WAIT socket {local} after 5 s"
+        time.sleep(0.01)
+    return (fin_seq + 1) & 0xFFFFFFFF
+
+
+def _half_gone(cport: int, sport: int) -> socket.socket:
+    """A _pair whose client end is gone without a word (closed in repair mode: no FIN, no RST): as
+    HAProxy's accepted socket is before it has made its connection to the origin, no socket has the
+    origin side's 4-tuple. Returns the server end."""
+    cli, conn = _pair(cport, sport)
+    cli.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR, 1)
+    cli.close()
+    return conn
+
+
 def _rst_close(s: socket.socket) -> None:
     """Closes with a RST: no FIN_WAIT orphan left retransmitting."""
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -741,17 +1152,41 @@ def _rst_close(s: socket.socket) -> None:
 class FlowDatapath:
     pins: str
     prog: bpfsys.Prog
+    egress: bpfsys.Prog
     run_in_ns: object               # NetnsRunner
     ns: str
     listeners: dict[int, socket.socket] = field(default_factory=dict)
     sockets: list[socket.socket] = field(default_factory=list)
     owned: list[socket.socket] = field(default_factory=list)      # a case's, closed at the next reset
+    seen: dict = field(default_factory=dict)    # what a case's Do steps found, for its later frames
 
     def own(self, local: str, lport: int, remote: str, rport: int) -> None:
         self.owned.append(self.run_in_ns(_syn_sent, local, lport, remote, rport))
 
-    def run(self, side: str, frame: bytes) -> bpfsys.TestRun:
-        return self.run_in_ns(self.prog.test_run, frame, bpfsys.skb_ctx(SIDES[side][0]))
+    def run(self, side: str, frame: bytes, mark: int = 0) -> bpfsys.TestRun:
+        if side.startswith("to-"):
+            return self.run_in_ns(self.egress.test_run, frame, bpfsys.skb_ctx(SIDES[side][0], mark, 0))
+        if side.startswith("fwd-"):
+            return self.run_in_ns(self.egress.test_run, frame, bpfsys.skb_ctx(SIDES[side][0], mark, C_IN0))
+        return self.run_in_ns(self.prog.test_run, frame, bpfsys.skb_ctx(SIDES[side][0], mark))
+
+    def marks(self, *flow) -> tuple | None:
+        """(sub_dscp, org_dscp, flags, seen, sub_mss, org_mss) of flow's marks entry (flow_key's
+        arguments), or None."""
+        with fm.open_map(self.pins, "marks") as m:
+            raw = m.lookup(fm.flow_key(*flow))
+        return fm.FLOW_MARKS.unpack(raw) if raw is not None else None
+
+    def syn_state(self, *flow) -> str | None:
+        """The state of flow's honest-handshake record (flow_key's arguments), or None."""
+        with fm.open_map(self.pins, "syns") as m:
+            raw = m.lookup(fm.flow_key(*flow))
+        return fm.SYN_STATES[fm.FLOW_SYN.unpack(raw)[1]] if raw is not None else None
+
+    def set_marks(self, flow: tuple, sub_dscp: int, org_dscp: int, flags: int, sub_mss: int = 0,
+                  org_mss: int = 0) -> None:
+        with fm.open_map(self.pins, "marks") as m:
+            m.update(fm.flow_key(*flow), fm.FLOW_MARKS.pack(sub_dscp, org_dscp, flags, 0, sub_mss, org_mss))
 
     def counters(self) -> dict[int, dict[str, int]]:
         return {slot: fm.read_counters(self.pins, slot) for slot in SLOTS}
@@ -773,11 +1208,16 @@ class FlowDatapath:
         """What every case starts from: no rule, no flow, slots 0 and 1 as G0 and G1, slot 2 unset,
         the two graph listeners open and no other."""
         for name in ("bypass_client4", "bypass_server4", "bypass_client6", "bypass_server6", "bypass_ports",
-                     "intercept_ports", "graph_addrs", "flows_new", "flows", "measured"):
+                     "intercept_ports", "graph_addrs", "flows_new", "flows", "syns", "marks", "measured",
+                     "netns_slots"):
             with fm.open_map(self.pins, name) as m:
                 for key in list(m.keys()):
                     m.delete(key, missing_ok=True)
         self.records()
+        self.seen.clear()
+        with fm.open_map(self.pins, "conns") as m:
+            for slot in (0, 1, fm.GRAPHS_MAX):
+                m.update(fm.U32.pack(slot), fm.U64.pack(0))
         fm.set_graph(self.pins, 0, **G0)
         fm.set_graph(self.pins, 1, **G1)
         fm.set_flags(self.pins, 2, 0, 0)
@@ -830,7 +1270,8 @@ def flowdp(pin_dir, netns, bpf_loadall):
 
     bpf_loadall(OBJECT, pin_dir)
     prog = bpfsys.Prog(str(pin_dir / "prog" / fm.PROGRAM))
-    dp = FlowDatapath(str(pin_dir), prog, run_in_ns, ns)
+    egress = bpfsys.Prog(str(pin_dir / "prog" / fm.EGRESS_PROGRAM))
+    dp = FlowDatapath(str(pin_dir), prog, egress, run_in_ns, ns)
     try:
         dp.sockets.extend(run_in_ns(_established_pair))
         dp.reset()
@@ -838,6 +1279,7 @@ def flowdp(pin_dir, netns, bpf_loadall):
     finally:
         dp.close()
         prog.close()
+        egress.close()
 
 
 def _show(frame: Packet | bytes) -> str:
@@ -858,21 +1300,25 @@ def _moved(before: dict[int, dict[str, int]], after: dict[int, dict[str, int]]) 
             for slot in SLOTS for k in after[slot] if after[slot][k] != before[slot][k]}
 
 
+def _made(what, dp: FlowDatapath):
+    return what(dp) if callable(what) else what
+
+
 def _send(dp: FlowDatapath, step: Send, where: str) -> None:
-    frame = bytes(step.frame)
+    frame = bytes(_made(step.frame, dp))
     before = dp.counters()
-    res = dp.run(step.side, frame)
+    res = dp.run(step.side, frame, step.mark_in)
     after = dp.counters()
 
     assert res.retval == step.verdict, (
         f"{where}: verdict expected {VERDICTS[step.verdict]}, got {VERDICTS.get(res.retval, res.retval)}")
-    want = bytes(step.out) if step.out is not None else frame
+    want = bytes(_made(step.out, dp)) if step.out is not None else frame
     assert res.data == want, (
         f"{where}: output bytes\n expected {want.hex()}\n got      {res.data.hex()}\n"
         f" got as scapy: {Ether(res.data)!r}")
     if res.retval == TC_ACT_REDIRECT and IP in Ether(res.data):
         assert _ip4_header_sum_ok(res.data), f"{where}: IPv4 header checksum of the output is wrong"
-    mark = struct.unpack_from("=I", res.ctx, SKB_MARK_OFF)[0]
+    mark = struct.unpack_from("=I", res.ctx, bpfsys.SKB_MARK_OFF)[0]
     assert mark == step.mark, f"{where}: skb mark expected {step.mark:#x}, got {mark:#x}"
     slot = SIDES[step.side][1]
     want_moves = {f"slot{slot}.{k}": v for k, v in step.counters.items()}
@@ -911,7 +1357,7 @@ def test_golden(flowdp, case: Case):
             elif isinstance(step, Check):
                 _check_flows(flowdp, step.flows, where)
             else:
-                _send(flowdp, step, f"{where}, {step.side} side: {_show(step.frame)}")
+                _send(flowdp, step, f"{where}, {step.side} side: {_show(_made(step.frame, flowdp))}")
         _check_flows(flowdp, case.flows, f"{case.id} ({case.desc}) after the last step")
     finally:
         flowdp.reset()
@@ -1025,9 +1471,13 @@ def test_maps_match_contract(flowdp):
         "bypass_server6": (lpm, fm.LPM6_KEY.size, 4, 1048576, no_prealloc),
         "flows_new": (lru, fm.FLOW_KEY.size, fm.FLOW_NEW.size, 262144, 0),
         "flows": (hash_, fm.FLOW_KEY.size, fm.FLOW_EST.size, 1048576, no_prealloc),
+        "syns": (lru, fm.FLOW_KEY.size, fm.FLOW_SYN.size, 262144, 0),
+        "marks": (lru, fm.FLOW_KEY.size, fm.FLOW_MARKS.size, 262144, 0),
         "measured": (lru, fm.FLOW_KEY.size, 40, 65536, 0),
         "flow_records": (queue, 0, experiment.FLOW_RECORD.size, 65536, 0),
         "flow_stats": (percpu_array, 4, 8, fm.GRAPHS_MAX * len(fm.COUNTERS), 0),
+        "netns_slots": (hash_, 8, 4, fm.GRAPHS_MAX, 0),
+        "conns": (array, 4, 8, fm.GRAPHS_MAX + 1, 0),
     }
     got = {}
     for name in fm.MAPS:

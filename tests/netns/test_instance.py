@@ -123,7 +123,7 @@ KILL_AFTER = [
     "links, addresses and routes of graph g2",
     "attach port_ingress",
     "register graph g1",
-    "attach flow_ingress to c_in and s_in of",
+    "attach flow_ingress and flow_egress to c_in and s_in of",
     "check /run/",
 ]
 

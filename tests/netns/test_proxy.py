@@ -285,11 +285,11 @@ def test_reload_refuses_structural_change_and_changes_nothing(lab):
 
 
 def test_client_reusing_its_port_is_not_delayed_by_time_wait(lab):
-    """A client reusing a source port at once (the proxy closed first): its new SYN must reach
-    HAProxy's listener at once, with no SYN retransmitted. nft: the previous connection sits in
-    TIME_WAIT in the proxy's namespace and tproxy hands the SYN past it. bpf: the program hands the
-    SYN to the listener itself, where a TIME_WAIT socket on the 4-tuple would make the kernel drop
-    the new connection as a duplicate; so the namespace keeps none (net.ipv4.tcp_max_tw_buckets=0)."""
+    """A client reusing a source port at once (the proxy closed first, so the proxy's socket of that
+    4-tuple is in TIME_WAIT): its new SYN must reach HAProxy's listener at once, with no SYN
+    retransmitted, and TIME_WAIT is kept (tcp_max_tw_buckets not 0). nft: tproxy hands the SYN past
+    the TIME_WAIT socket. bpf: the datapath ends the TIME_WAIT socket with a RST and decides the SYN
+    again (tc/flow.c past_time_wait; counted tw_reset)."""
     def syn_retransmits() -> int:
         out = lab.run("client", "nstat", "-az", "TcpExtTCPSynRetrans").stdout
         return int(re.search(r"TcpExtTCPSynRetrans\s+(\d+)", out).group(1))
@@ -298,18 +298,18 @@ def test_client_reusing_its_port_is_not_delayed_by_time_wait(lab):
            f"s.bind(('{CLIENT4}',40999));s.settimeout(5);s.connect(('{ORIGIN4}',80));"
            "s.sendall(b'GET / HTTP/1.1\\r\\nHost: o\\r\\nConnection: close\\r\\n\\r\\n');d=b''\n"
            "while (c:=s.recv(65536)): d+=c\nprint(d.decode().split('\\r\\n')[0])")
-    before = syn_retransmits()
-    for _ in range(4):
+    kept = lab.run("pep", "sysctl", "-n", "net.ipv4.tcp_max_tw_buckets").stdout.strip()
+    assert kept != "0", f"pep: net.ipv4.tcp_max_tw_buckets is 0: TIME_WAIT not kept ({lab.interception})"
+    before, resets = syn_retransmits(), flows(lab)["tw_reset"]
+    for i in range(4):
         status = lab.run("client", PYTHON, "-c", get).stdout.strip()
-        assert status == "HTTP/1.1 200 OK", f"client: GET from port 40999: {status!r}"
-    tw = lab.run("pep", "ss", "-Htan", "state", "time-wait", "sport = :80", "dport = :40999").stdout
-    if lab.interception == "nft":
-        assert tw.strip(), "pep: no TIME_WAIT socket for port 40999: the test did not set up the case"
-    else:
-        assert not tw.strip(), f"pep: TIME_WAIT kept in mode bpf, where a reused port would be dropped: {tw}"
-        kept = lab.run("pep", "sysctl", "-n", "net.ipv4.tcp_max_tw_buckets").stdout.strip()
-        assert kept == "0", f"pep: net.ipv4.tcp_max_tw_buckets expected 0 in mode bpf, got {kept}"
+        assert status == "HTTP/1.1 200 OK", f"client: GET {i + 1} from port 40999: {status!r}"
+        tw = lab.run("pep", "ss", "-Htan", "state", "time-wait", "sport = :80", "dport = :40999").stdout
+        assert tw.strip(), f"pep: no TIME_WAIT socket for port 40999 after GET {i + 1}: the case is not set up"
     assert syn_retransmits() == before, "client: SYNs were retransmitted: a SYN hit a TIME_WAIT socket"
+    if lab.interception == "bpf":
+        resets = flows(lab)["tw_reset"] - resets
+        assert resets == 3, f"pep: tw_reset moved by {resets}, expected 3 (GETs 2-4 each met a TIME_WAIT socket)"
 
 
 def test_prometheus_exporter_counts_sessions_on_the_host_only(lab):

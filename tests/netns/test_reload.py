@@ -5,7 +5,8 @@
 
 How right is told from wrong: the test fills bypass_client6 to its capacity with live rules of
 graph pep (1,048,576 entries, all graphs together), as an operator's rules can. A new config then
-changes every graph (the ports it intercepts, so its flags and, in mode nft, its table) and gives
+changes every graph (the ports it intercepts and its MPTCP choice, so its flags and, in mode nft, its
+table) and gives
 graph k one more IPv6 bypass rule: graph k's step that writes it fails for real (the map is full),
 after the steps of the graphs before it and graph k's own first steps ran. Before and after
 each failed reload the test records what a reload may change: each graph's entry in the graphs
@@ -70,11 +71,13 @@ def state(lab) -> dict:
 
 
 def new_config(lab, failing: str | None) -> str:
-    """Every graph intercepts 80 and 443 (the lab's: all ports); graph `failing` gets one more bypass rule."""
+    """Every graph intercepts 80 and 443 (the lab's: all ports) and proxies MPTCP SYNs (the lab's:
+    bypass); graph `failing` gets one more bypass rule."""
     with open(os.path.join(lab.run_dir, "pep.toml"), "rb") as f:
         doc = tomllib.load(f)
     for g in doc["graph"]:
         g["proxy"]["ports"] = [80, 443]
+        g["proxy"]["mptcp"] = "proxy"
         if g["name"] == failing:
             g["bypass"] = {"clients": ["2001:2:0:9000::/64"]}
     return toml_text(doc)
@@ -108,6 +111,7 @@ def test_plan_reload_shows_the_steps_and_changes_nothing(lab):
     assert proc.returncode == 0, proc.stderr
     for graph in ("pep", "g2", "g3"):
         assert f"intercepted ports of graph {graph}: 80, 443 (were all)" in proc.stdout, proc.stdout
+        assert f"flags of graph {graph}: " in proc.stdout, proc.stdout
     assert "bypass rules of graph g2: 1 added, 0 removed" in proc.stdout, proc.stdout
     assert "reload HAProxy" in proc.stdout and "haproxy -c" in proc.stdout, proc.stdout
     if lab.interception == "nft":

@@ -32,6 +32,7 @@ from pepctl.config import (
     supervisor_unit_len,
     toml_value,
 )
+from pepctl.config.schema import ENUMS
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PATH = "/etc/pep/pep.toml"
@@ -476,8 +477,29 @@ def test_defaults():
     p = g.proxy
     assert (p.enabled, p.interception, p.listen_port, p.splice, p.mode) == (True, "bpf", 50080, "both", "tcp")
     assert (p.maxconn, p.log_connections) == (0, False)
+    assert (p.source_port, p.mptcp, p.handshake) == ("any", "bypass", "honest"), \
+        "issue 26: a spare port (README, Transparency), MPTCP end to end, the origin answers first"
     assert (h.supervisor, h.threads, h.maxconn, h.metrics_address, h.metrics_port) == ("auto", 0, 0, "127.0.0.1", 9101)
     assert p.ports == ((80, 80), (443, 443))
+
+
+@pytest.mark.parametrize("key,good,bad", [("source_port", "kept", "client"), ("mptcp", "proxy", "terminate"),
+                                          ("handshake", "early", "late")])
+def test_transparency_keys(key, good, bad):
+    """Each key of issue 26 takes its choices and names them when given another."""
+    cfg = parse(edit(("ports = [80, 443]", f'ports = [80, 443]\n{key} = "{good}"')), PATH)
+    assert getattr(cfg.graphs[0].proxy, key) == good
+    (e,) = errors_of(edit(("ports = [80, 443]", f'ports = [80, 443]\n{key} = "{bad}"')))
+    assert (e.field, e.line) == (f"graph[0].proxy.{key}", 15), e
+    assert all(f'"{c}"' in e.message for c in ENUMS[key]), e.message
+
+
+def test_honest_handshake_needs_bpf():
+    """handshake defaults to honest in mode bpf and early in the others; honest elsewhere is an error."""
+    nft = parse(edit(("ports = [80, 443]", 'ports = [80, 443]\ninterception = "nft"')), PATH)
+    assert nft.graphs[0].proxy.handshake == "early"
+    (e,) = errors_of(edit(("ports = [80, 443]", 'ports = [80, 443]\ninterception = "nft"\nhandshake = "honest"')))
+    assert e.field == "graph[0].proxy.handshake" and 'interception = "bpf"' in e.message, e
 
 
 def test_all_ports_and_default_name(config_doc):
@@ -541,10 +563,12 @@ def test_lab_template_loads():
         text = f.read()
     for k, v in {"$rid": "t1a2b3c", "$run_dir": "/run/peplab/x", "$supervisor": "pepctl", "$proxy": "true",
                  "$interception": "nft", "$ports": '"all"', "$splice": "auto", "$mode": "tcp", "$metrics_port": "9101",
-                 "$threads": "1", "$congestion": "pep_radio",
+                 "$threads": "1", "$congestion": "pep_radio", "$source_port": "any",
+                 "$handshake": 'handshake = "early"',
                  "$experiment": "[graph.experiment]\ncontrol_fraction = 0.2"}.items():
         text = text.replace(k, v)
     cfg = parse(text, "lab.toml", available_cc=CC)
+    assert (cfg.graphs[0].proxy.source_port, cfg.graphs[0].proxy.handshake) == ("any", "early")
     assert cfg.host.instance == "plt1a2b3c"
     assert cfg.host.threads == 1
     assert cfg.host.supervisor == "pepctl"

@@ -53,15 +53,20 @@ def test_counters_match_header_enum():
 def test_verdicts_sides_states_match_header():
     assert {v: k.removeprefix("VERDICT_").lower() for k, v in _enum("flow_verdict").items()} == fm.VERDICTS
     assert {v: k.removeprefix("FLOW_").lower() for k, v in _enum("flow_state").items()} == fm.STATES
+    assert {v: k.removeprefix("SYN_").lower() for k, v in _enum("syn_state").items()} == fm.SYN_STATES
     assert _enum("flow_side") == {"SIDE_ACCESS": fm.SIDE_ACCESS, "SIDE_ORIGIN": fm.SIDE_ORIGIN}
 
 
 def test_flags_and_constants_match_header():
-    for name in ("GRAPH_F_ENABLED", "GRAPH_F_ASSIGN", "GRAPH_F_ALL_PORTS", "GRAPH_F_ORIGIN_SYNS", "GRAPH_F_MEASURE"):
+    for name in ("GRAPH_F_ENABLED", "GRAPH_F_ASSIGN", "GRAPH_F_ALL_PORTS", "GRAPH_F_ORIGIN_SYNS", "GRAPH_F_MEASURE",
+                 "GRAPH_F_PROXY_MPTCP", "GRAPH_F_KEEP_PORT", "GRAPH_F_HONEST", "MARK_F_SUB_ECN", "MARK_F_ORG_RESET",
+                 "MARK_F_SUB_SACK", "MARK_F_SUB_TS", "MARK_F_ORG_SACK", "MARK_F_ORG_TS", "MARK_F_SUB_OPTS",
+                 "MARK_F_ORG_OPTS", "MARK_S_SUB_DATA", "MARK_S_FIN_HELD"):
         assert _define(name) == getattr(fm, name), f"{name}: header {_define(name):#x}, pepctl {getattr(fm, name):#x}"
     assert _define("PEP_GRAPHS_MAX") == fm.GRAPHS_MAX
     assert _define("PEP_IFINDEX_BASE") == fm.IFINDEX_BASE
     assert _define("PEP_LOCAL_MARK") == fm.LOCAL_MARK
+    assert _define("PEP_RETRY_MARK") == fm.RETRY_MARK
     # A slot's two interfaces, and the last slot's origin side still an ifindex (a positive int).
     assert fm.ifindexes(0) == (fm.IFINDEX_BASE, fm.IFINDEX_BASE + 1)
     assert fm.ifindexes(fm.GRAPHS_MAX - 1)[1] < 2 ** 31
@@ -71,7 +76,8 @@ def test_flags_and_constants_match_header():
 
 # Every struct of the header, and each field's offset and size.
 STRUCTS = {
-    "graph_config": ("flags", "listen_port", "pad", "control_below", "control_seed"),
+    "graph_config": ("flags", "listen_port", "pad", "control_below", "control_seed", "maxconn", "host_maxconn"),
+    "conn_tag": ("slot1",),
     "port_key": ("graph", "port"),
     "addr_key": ("graph", "addr"),
     "lpm4_key": ("prefixlen", "graph", "addr"),
@@ -79,11 +85,15 @@ STRUCTS = {
     "flow_key": ("sub_addr", "org_addr", "sub_port", "org_port", "graph", "family", "pad"),
     "flow_new": ("verdict", "syn_seq", "synack_seq", "opener", "state", "pad", "first_seen_ns"),
     "flow_est": ("verdict", "syn_seq", "first_seen_ns", "last_seen_ns", "fins", "closing", "pad", "timer"),
+    "flow_marks": ("sub_dscp", "org_dscp", "flags", "seen", "sub_mss", "org_mss"),
+    "flow_syn": ("syn_seq", "state", "opener", "tcp_flags", "opt_len", "window", "ttl", "tos", "ip_word", "macs",
+                 "opts", "pad", "first_seen_ns"),
     "flow_record": ("key", "start_ns", "last_ack_ns", "bytes_down", "bytes_up", "group", "closed_by", "pad"),
 }
-FORMATS = {"graph_config": fm.GRAPH_CONFIG, "port_key": fm.PORT_KEY, "addr_key": fm.ADDR_KEY,
+FORMATS = {"graph_config": fm.GRAPH_CONFIG, "conn_tag": fm.CONN_TAG, "port_key": fm.PORT_KEY, "addr_key": fm.ADDR_KEY,
            "lpm4_key": fm.LPM4_KEY, "lpm6_key": fm.LPM6_KEY, "flow_key": fm.FLOW_KEY, "flow_new": fm.FLOW_NEW,
-           "flow_est": fm.FLOW_EST, "flow_record": experiment.FLOW_RECORD}
+           "flow_est": fm.FLOW_EST, "flow_marks": fm.FLOW_MARKS, "flow_syn": fm.FLOW_SYN,
+           "flow_record": experiment.FLOW_RECORD}
 
 
 def _layout_c() -> str:
@@ -227,9 +237,9 @@ def test_control_share_is_close_to_the_fraction():
 
 
 def test_graph_config_encoding():
-    assert fm.graph_config(fm.GRAPH_F_ENABLED | fm.GRAPH_F_ASSIGN, 50080, 7, 9) == (
+    assert fm.graph_config(fm.GRAPH_F_ENABLED | fm.GRAPH_F_ASSIGN, 50080, 7, 9, 4011, 70000) == (
         (3).to_bytes(4, "little") + (50080).to_bytes(2, "little") + bytes(2) + (7).to_bytes(4, "little")
-        + (9).to_bytes(4, "little"))
+        + (9).to_bytes(4, "little") + (4011).to_bytes(4, "little") + (70000).to_bytes(4, "little"))
     with pytest.raises(ValueError, match="70000"):
         fm.graph_config(fm.GRAPH_F_ENABLED, 70000)
 

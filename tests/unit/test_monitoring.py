@@ -188,6 +188,7 @@ MUTATIONS = [
     ("PepControlGroupGainLow", '10M\\\\+"} < 1', '10M\\\\+"} < 3'),
     ("PepRadioQueueDelayHigh", "(2 * pep_radio_queue_target_seconds)", "(8 * pep_radio_queue_target_seconds)"),
     ("PepRadioQueueDelayHigh", "[10m])) > 1)", "[10m])) > 0)"),
+    ("PepOverloadBypass", '{verdict="bypass_overload"} > 0', '{verdict="bypass_overload"} > 1'),
 ]
 
 

@@ -183,10 +183,11 @@ def test_haproxy_route_mode_binds_every_port_on_both_families():
                      for p in ("80", "443", "8000-8080") for a, v6 in (("0.0.0.0", ""), ("[::]", " v6only"))]
 
 
-@pytest.mark.parametrize("mode", ["tcp", "http"])
-def test_haproxy_backend_goes_to_original_destination_from_client_address(mode):
-    b = section(render(gp(mode=mode)), "backend graph_g1")
-    assert "source 0.0.0.0 usesrc clientip" in b
+@pytest.mark.parametrize("mode,keep_port,usesrc", [("tcp", True, "client"), ("http", True, "client"),
+                                                   ("tcp", False, "clientip")])
+def test_haproxy_backend_goes_to_original_destination_from_client_address(mode, keep_port, usesrc):
+    b = section(render(gp(mode=mode, keep_port=keep_port)), "backend graph_g1")
+    assert f"source 0.0.0.0 usesrc {usesrc}" in b, b
     assert "server origin 0.0.0.0 namespace pep1-g1" in b
     assert ("http-reuse never" in b) == (mode == "http")
 
