@@ -68,12 +68,14 @@ COUNTERS = (
     "flows_bypass_overload",
     "port_freed",
     "fin_deferred",
+    "port_held",
 )
 
 GRAPHS_MAX = 2048                                # PEP_GRAPHS_MAX
 IFINDEX_BASE = 0x100000                          # PEP_IFINDEX_BASE
 LOCAL_MARK = 1                                   # PEP_LOCAL_MARK
 RETRY_MARK = 2                                   # PEP_RETRY_MARK
+PORT_RETRY_MARK = 3                              # PEP_PORT_RETRY_MARK
 SIDE_ACCESS, SIDE_ORIGIN = 1, 2                  # enum flow_side
 VERDICTS = {1: "proxy", 2: "bypass_rule", 3: "bypass_failopen", 4: "bypass_control",   # enum flow_verdict
             5: "bypass_mptcp", 6: "bypass_busy", 7: "bypass_overload"}

@@ -55,7 +55,8 @@ CATALOGUE = {m.name: m for m in (
            "tw_reset (a TIME_WAIT socket of the proxy ended for a new SYN), tw_old_syn (a SYN left to one), "
            "reset_to_subscriber (the proxy's FIN sent as a RST: the origin had reset); the honest handshake's "
            "syn_probed, origin_accepted, origin_refused, probe_failed; port_freed (the proxy's previous "
-           "connection from a client's port ended for a new flow from it), fin_deferred (a client's FIN "
+           "connection from a client's port ended for a new flow from it), port_held (a new flow's SYN dropped "
+           "while that connection still sends), fin_deferred (a client's FIN "
            "dropped until the proxy's connection to the origin is up)"),
     Metric("pep_failopen", "gauge", G, "1 while the graph's new flows fail open: no proxy listener"),
     Metric("pep_failopen_switches_total", "counter", G,

@@ -259,10 +259,12 @@ def interception_lines(g: Graph, family: int) -> list[str]:
     if not g.proxy.enabled:
         return []
     default = "0.0.0.0/0" if family == 4 else "::/0"
-    lines = [f"route replace local {default} dev lo table {LOCAL_TABLE}"]
+    # The mark is set on packets for local sockets by flow_ingress (bpf), by the nft table (nft), and
+    # in every mode on the RSTs the datapath makes to end a socket of the proxy's (source_port = "kept").
+    lines = [f"route replace local {default} dev lo table {LOCAL_TABLE}",
+             f"rule add pref {RULE_PREF} fwmark {flow_maps.LOCAL_MARK} lookup {LOCAL_TABLE}"]
     if g.proxy.one_listener:
-        # The mark is set by flow_ingress (bpf) or by the nft table (nft) on packets for local sockets.
-        return lines + [f"rule add pref {RULE_PREF} fwmark {flow_maps.LOCAL_MARK} lookup {LOCAL_TABLE}"]
+        return lines
     # route: the intercepted ports from the access side, and the origin's replies from those ports.
     for lo, hi in g.proxy.ports or ():
         p = _port_arg(lo, hi)

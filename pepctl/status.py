@@ -231,7 +231,8 @@ def print_table(report: dict, out) -> None:
             print(f"  {g['name']:<12} handshakes sent to the origin first {f['syns_probed']}: accepted "
                   f"{f['origin_accepted']}, refused {f['origin_refused']}, answers not rewritten "
                   f"{f['probe_failed']}; TIME_WAIT sockets reset for a new SYN {f['tw_reset']}, client ports freed "
-                  f"{f['port_freed']}; RSTs passed on to clients {f['resets_to_sub']}", file=out)
+                  f"{f['port_freed']} (held {f['port_held']}); RSTs passed on to clients {f['resets_to_sub']}",
+                  file=out)
             c = g.get("connections", {})
             if "error" not in c:
                 print(f"  {g['name']:<12} connections {c['graph']} of maxconn {c['graph_maxconn']} (instance "

@@ -17,8 +17,10 @@
  *  3a an MPTCP option (and not      BYPASS_MPTCP: remembered, forwarded here
  *     mptcp = "proxy")
  *  3b a control-group subscriber    BYPASS_CONTROL: remembered, forwarded here
- *  3c the client's port is taken    BYPASS_BUSY: remembered, forwarded here
- *     on the origin side (port kept)
+ *  3c the client's port is the      BYPASS_BUSY: remembered, forwarded here
+ *     proxy's listener's (port kept)
+ *     or the proxy's previous        ended (RSTs) and decided again, or the SYN
+ *     connection's                   dropped while it is still at work
  *   4 no proxy listener, or (mode   BYPASS_FAILOPEN: remembered, forwarded here
  *     bpf) the hand-over refused
  *  4b the proxy is full: its accept  BYPASS_OVERLOAD: remembered, forwarded here
@@ -221,20 +223,31 @@ static __always_inline __u32 to_proxy(struct __sk_buff *skb, const struct tcp_pk
 }
 
 /* Sends a SYN round again (a copy to this interface's ingress, marked
- * PEP_RETRY_MARK, decided again when it comes back) after making the SYN
+ * PEP_RETRY_MARK, or PEP_PORT_RETRY_MARK after ending the proxy's connection
+ * from the client's port (reverse), decided again when it comes back: each
+ * socket in the way is ended once, at most two rounds) after making the SYN
  * itself the RST, sequence number seq, that ends a socket of the proxy in
  * its way (reverse: a RST as from the origin). That RST is delivered here
- * and now, before the copy comes back. -1: no copy could be made (nothing
- * changed); else the tc verdict. */
-static __always_inline int end_then_retry(struct __sk_buff *skb, const struct tcp_pkt *p, __u32 seq, int reverse)
+ * and now, before the copy comes back. With to_origin, a RST at origin_seq
+ * goes first on to the SYN's destination, which still holds its end of the
+ * proxy's connection: ahead of the copy on the same path, so the origin has
+ * forgotten it when the SYN arrives. -1: no copy could be made, or no route
+ * to the origin (nothing changed); else the tc verdict. */
+static __always_inline int end_then_retry(struct __sk_buff *skb, const struct tcp_pkt *p, __u32 seq, int reverse,
+					  int to_origin, __u32 origin_seq)
 {
-	skb->mark = PEP_RETRY_MARK;
+	if (to_origin && !routable(skb, p))
+		return -1;
+	skb->mark = reverse ? PEP_PORT_RETRY_MARK : PEP_RETRY_MARK;
 	if (bpf_clone_redirect(skb, skb->ifindex, BPF_F_INGRESS)) {
 		skb->mark = 0;
 		return -1;
 	}
-	if (make_rst(skb, p, seq, reverse))
+	skb->mark = 0;
+	if (to_origin && (make_rst(skb, p, origin_seq, 0) || send_copy(skb, p)))
 		return TC_ACT_SHOT;   /* half-made; the copy finds the socket still there */
+	if (make_rst(skb, p, seq, reverse))
+		return TC_ACT_SHOT;
 	skb->mark = PEP_LOCAL_MARK;
 	return TC_ACT_OK;
 }
@@ -264,7 +277,7 @@ static __always_inline int past_time_wait(struct __sk_buff *skb, const struct tc
 	}
 	takes = !retry && !o->payload && tw_takes_syn(sk, p, o, &rcv_nxt);
 	bpf_sk_release(sk);
-	if (takes && (act = end_then_retry(skb, p, rcv_nxt, 0)) >= 0) {
+	if (takes && (act = end_then_retry(skb, p, rcv_nxt, 0, 0, 0)) >= 0) {
 		count(w->slot, CNT_TW_RESET);
 		return act;
 	}
@@ -274,7 +287,8 @@ static __always_inline int past_time_wait(struct __sk_buff *skb, const struct tc
 }
 
 #define PORT_FREE -1
-#define PORT_BUSY -2
+#define PORT_BUSY -2   /* bind() would fail: the flow goes end to end */
+#define PORT_HELD -3   /* the proxy's previous connection from the port is still at work: the SYN waits */
 
 /* With source_port = "kept": the socket of the proxy's own connection to the
  * origin for the flow of p, a segment from the subscriber (found as a segment
@@ -301,43 +315,66 @@ static __always_inline struct bpf_sock *origin_sock(struct __sk_buff *skb, const
  * client's own address and port. A listener on that port (the lookup falls
  * back to one: HAProxy's own) makes bind() fail: PORT_BUSY. A socket of the
  * origin side's 4-tuple (as a segment from the origin finds it: HAProxy's
- * previous connection from that port) makes connect() fail: PORT_BUSY while
- * it is open or waits for the origin's FIN; one whose origin has closed too
- * (LAST_ACK, CLOSING, TIME_WAIT: the client reused its port before that
- * connection's last ACK, or within TIME_WAIT) is ended by a RST as from the
- * origin (seq = its rcv_nxt) and the SYN goes round again (end_then_retry;
- * counted port_freed). PORT_FREE, or the tc verdict. */
+ * previous connection from that port, which the client has left since, as
+ * its reuse of the port shows) makes connect() fail, and its origin may
+ * still hold its end, which would answer the new SYN with a RST or an ACK.
+ * So it is ended, and the SYN goes round again (end_then_retry; counted
+ * port_freed):
+ *   - its origin done with it too (LAST_ACK, CLOSING, TIME_WAIT): a RST as
+ *     from the origin (seq = its rcv_nxt), as for a TIME_WAIT socket of the
+ *     SYN's own 4-tuple (the origin's TIME_WAIT takes the new SYN, as when
+ *     routed);
+ *   - its origin not done (ESTABLISHED, CLOSE_WAIT, FIN_WAIT1, FIN_WAIT2, and
+ *     the orphan FIN_WAIT2 kept as a time-wait socket): the same, and first
+ *     a RST to the origin at the socket's snd_nxt, which is the origin's
+ *     rcv_nxt once what the socket sent before arrives (it does, ahead of
+ *     that RST, on the same path). Seen under load: the client closes and
+ *     reuses its port while HAProxy has not closed toward the origin yet
+ *     (CLOSE_WAIT), and the origin's FIN_WAIT2 refused the new SYN.
+ * A socket that still has data to send (write_seq past snd_nxt: what the
+ * client sent, acknowledged by the proxy, not delivered yet), one still
+ * connecting (SYN_SENT), or one still there when the SYN comes back from its
+ * round: PORT_HELD, the SYN dropped (port_held); the client sends it again. */
 static __always_inline int origin_side(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
 				       int retry)
 {
 	struct bpf_sock *sk = origin_sock(skb, p);
 	struct tcp_timewait_sock *tw;
+	__u32 state, rcv_nxt = 0, snd_nxt = 0;
+	int act, how = PORT_HELD, to_origin = 0;
 	struct tcp_sock *tp;
-	__u32 state, rcv_nxt = 0;
-	int act, known = 0;
 
 	if (!sk)
 		return PORT_FREE;
 	state = sk->state;
+	if (state == BPF_TCP_LISTEN) {
+		bpf_sk_release(sk);
+		return PORT_BUSY;
+	}
 	if (state == BPF_TCP_TIME_WAIT) {
 		tw = bpf_skc_to_tcp_timewait_sock(sk);
 		if (tw) {
 			rcv_nxt = tw->tw_sk.__tw_common.skc_tw_rcv_nxt;
-			known = 1;
+			snd_nxt = tw->tw_sk.__tw_common.skc_tw_snd_nxt;
+			to_origin = tw->tw_sk.tw_substate == BPF_TCP_FIN_WAIT2;
+			how = 0;
 		}
-	} else if (state == BPF_TCP_LAST_ACK || state == BPF_TCP_CLOSING) {
+	} else if (state == BPF_TCP_ESTABLISHED || state == BPF_TCP_CLOSE_WAIT || state == BPF_TCP_FIN_WAIT1 ||
+		   state == BPF_TCP_FIN_WAIT2 || state == BPF_TCP_LAST_ACK || state == BPF_TCP_CLOSING) {
 		tp = bpf_skc_to_tcp_sock(sk);
-		if (tp) {
+		if (tp && tp->write_seq == tp->snd_nxt) {
 			rcv_nxt = tp->rcv_nxt;
-			known = 1;
+			snd_nxt = tp->snd_nxt;
+			to_origin = state != BPF_TCP_LAST_ACK && state != BPF_TCP_CLOSING;
+			how = 0;
 		}
 	}
 	bpf_sk_release(sk);
-	if (!known || retry)
-		return PORT_BUSY;
-	act = end_then_retry(skb, p, rcv_nxt, 1);
+	if (how || retry)
+		return PORT_HELD;
+	act = end_then_retry(skb, p, rcv_nxt, 1, to_origin, snd_nxt);
 	if (act < 0)
-		return PORT_BUSY;
+		return PORT_HELD;
 	count(w->slot, CNT_PORT_FREED);
 	return act;
 }
@@ -361,7 +398,8 @@ static __always_inline __u32 verdict_counter(__u32 verdict)
 static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
 				      const struct flow_key *k)
 {
-	int retry = skb->mark == PEP_RETRY_MARK, act;
+	int retry = skb->mark == PEP_RETRY_MARK || skb->mark == PEP_PORT_RETRY_MARK, act;
+	int port_retry = skb->mark == PEP_PORT_RETRY_MARK;
 	struct craft_buf *b = craft_buf();
 	struct syn_opts *o;
 	__u32 verdict;
@@ -389,7 +427,11 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 		verdict = VERDICT_BYPASS_CONTROL;
 	else if ((w->flags & GRAPH_F_ASSIGN) && (act = past_time_wait(skb, p, o, w, retry)) >= 0)
 		return act;
-	else if ((w->flags & GRAPH_F_KEEP_PORT) && (act = origin_side(skb, p, w, retry)) != PORT_FREE) {
+	else if ((w->flags & GRAPH_F_KEEP_PORT) && (act = origin_side(skb, p, w, port_retry)) != PORT_FREE) {
+		if (act == PORT_HELD) {
+			count(w->slot, CNT_PORT_HELD);
+			return TC_ACT_SHOT;
+		}
 		if (act != PORT_BUSY)
 			return act;
 		verdict = VERDICT_BYPASS_BUSY;

@@ -48,6 +48,56 @@ static __always_inline int decrement_ttl(struct __sk_buff *skb, const struct tcp
 	return bpf_skb_store_bytes(skb, IP4_TTL_OFF, &ttl, 1, 0);
 }
 
+/* The FIB's answer for p as the stack would forward it from the interface it
+ * came in on: next hop, egress interface and MACs in fib. */
+static __always_inline long route_of(struct __sk_buff *skb, const struct tcp_pkt *p, struct bpf_fib_lookup *fib)
+{
+	fib->ifindex = skb->ingress_ifindex;
+	fib->l4_protocol = IPPROTO_TCP;
+	fib->sport = p->sport;
+	fib->dport = p->dport;
+	/* tot_len stays 0 on purpose. Given, the kernel compares it with the
+	 * route's MTU, and a GSO super-packet (up to 64 KB of a TCP stream from
+	 * a local or veth sender) would fail with FRAG_NEEDED. Left 0, it checks
+	 * the skb itself against the egress MTU, GSO-aware (is_skb_forwardable). */
+	if (p->family == 4) {
+		fib->family = AF_INET;
+		fib->tos = p->tos;
+		__builtin_memcpy(&fib->ipv4_src, p->src + 12, 4);
+		__builtin_memcpy(&fib->ipv4_dst, p->dst + 12, 4);
+	} else {
+		fib->family = AF_INET6;
+		fib->flowinfo = p->flowinfo;
+		__builtin_memcpy(fib->ipv6_src, p->src, 16);
+		__builtin_memcpy(fib->ipv6_dst, p->dst, 16);
+	}
+	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+}
+
+/* Whether send_copy can send p's segment on: a route, and the next hop's MAC known. */
+static __attribute__((noinline)) int routable(struct __sk_buff *skb, const struct tcp_pkt *p)
+{
+	struct bpf_fib_lookup fib = {};
+
+	return route_of(skb, p, &fib) == BPF_FIB_LKUP_RET_SUCCESS;
+}
+
+/* A copy of the segment as it is now (one the datapath made: a RST to the
+ * origin) sent on toward its destination, MACs from the FIB; the segment
+ * itself stays here. Zero: sent. Non-zero: not sent (no route, or the next
+ * hop's MAC not known yet: routable() says beforehand), the MACs maybe
+ * rewritten. */
+static __attribute__((noinline)) int send_copy(struct __sk_buff *skb, const struct tcp_pkt *p)
+{
+	struct bpf_fib_lookup fib = {};
+
+	if (route_of(skb, p, &fib) != BPF_FIB_LKUP_RET_SUCCESS ||
+	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_dest), fib.dmac, ETH_ALEN, 0) ||
+	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), fib.smac, ETH_ALEN, 0))
+		return -1;
+	return bpf_clone_redirect(skb, fib.ifindex, 0) ? -1 : 0;
+}
+
 /* Forwards a packet of a bypassed flow of graph slot: TC_ACT_REDIRECT, or
  * TC_ACT_SHOT / TC_ACT_OK as said at each case. A subprogram, not inlined:
  * it has five callers, and inlined in each it made the program 40% bigger. */
@@ -65,27 +115,7 @@ static __attribute__((noinline)) int forward(struct __sk_buff *skb, const struct
 		return TC_ACT_SHOT;
 	}
 
-	fib.ifindex = skb->ingress_ifindex;
-	fib.l4_protocol = IPPROTO_TCP;
-	fib.sport = p->sport;
-	fib.dport = p->dport;
-	/* tot_len stays 0 on purpose. Given, the kernel compares it with the
-	 * route's MTU, and a GSO super-packet (up to 64 KB of a TCP stream from
-	 * a local or veth sender) would fail with FRAG_NEEDED. Left 0, it checks
-	 * the skb itself against the egress MTU, GSO-aware (is_skb_forwardable). */
-	if (p->family == 4) {
-		fib.family = AF_INET;
-		fib.tos = p->tos;
-		__builtin_memcpy(&fib.ipv4_src, p->src + 12, 4);
-		__builtin_memcpy(&fib.ipv4_dst, p->dst + 12, 4);
-	} else {
-		fib.family = AF_INET6;
-		fib.flowinfo = p->flowinfo;
-		__builtin_memcpy(fib.ipv6_src, p->src, 16);
-		__builtin_memcpy(fib.ipv6_dst, p->dst, 16);
-	}
-
-	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	rc = route_of(skb, p, &fib);
 	switch (rc) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
 		/* A failed write leaves a half-rewritten packet: drop it (only

@@ -19,9 +19,9 @@
  *                        (mirror_offer), a FIN after the origin's reset sent
  *                        as a RST
  *
- * The proxy's sockets are found by the flow's 4-tuple, which they share only
- * with source_port = "kept"; with "any" nothing matches on the origin side
- * and the proxy asks no ECN and marks nothing there.
+ * The proxy's sockets are found by the flow's 4-tuple, which they share with
+ * source_port = "kept" (the default); with "any" nothing matches on the
+ * origin side and the proxy asks no ECN and marks nothing there.
  */
 #ifndef PEP_FLOW_MARKS_H
 #define PEP_FLOW_MARKS_H

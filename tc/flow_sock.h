@@ -27,10 +27,12 @@
  * program is loaded (CO-RE), wherever this kernel keeps them. */
 struct sock_common {
 	__u32 skc_tw_rcv_nxt;          /* a TIME_WAIT socket's next expected sequence number */
+	__u32 skc_tw_snd_nxt;          /* and the next it would send */
 } __attribute__((preserve_access_index));
 
 struct inet_timewait_sock {
 	struct sock_common __tw_common;
+	__u8 tw_substate;              /* TCP_TIME_WAIT, or TCP_FIN_WAIT2: an orphan waiting for the peer's FIN */
 } __attribute__((preserve_access_index));
 
 struct tcp_timewait_sock {
@@ -54,6 +56,8 @@ struct inet_connection_sock {
 struct tcp_sock {
 	struct inet_connection_sock inet_conn;
 	__u32 rcv_nxt;                 /* the next sequence number it expects */
+	__u32 snd_nxt;                 /* the next it sends */
+	__u32 write_seq;               /* the end of what the application wrote: above snd_nxt, data not sent yet */
 } __attribute__((preserve_access_index));
 
 /* The socket (established, request, time-wait or listening) that a segment

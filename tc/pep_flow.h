@@ -34,15 +34,20 @@
  *      subflows; bypassed, the origin sees MP_CAPABLE and answers it;
  *   3b. opened from the access side by a subscriber of the control group
  *      (client_hash(subscriber, control_seed) < control_below): BYPASS_CONTROL;
- *   3c. GRAPH_F_KEEP_PORT, and the proxy could not connect from the client's
- *      own port: a socket of the graph's namespace holds the origin side's
- *      4-tuple (the proxy's previous connection from that port, still open
- *      or waiting for the origin's FIN), or listens on that port (HAProxy's
- *      own listener: bind() would fail). BYPASS_BUSY: the flow goes end to
- *      end, as it would with no proxy, instead of failing in HAProxy's
- *      connect(). Mode bpf, a socket whose origin has closed too (LAST_ACK,
- *      CLOSING, TIME_WAIT) is ended by a RST and the SYN decided again
- *      (port_freed), as for a TIME_WAIT socket of the SYN's own 4-tuple;
+ *   3c. GRAPH_F_KEEP_PORT (source_port = "kept"), and the proxy could not
+ *      connect from the client's own port as things are:
+ *      - a socket of the graph's namespace listens on that port (HAProxy's
+ *        own listener: bind() would fail): BYPASS_BUSY, the flow goes end to
+ *        end, as it would with no proxy;
+ *      - a socket holds the origin side's 4-tuple: the proxy's previous
+ *        connection from that port, which the client has left (it reuses the
+ *        port), not closed yet, and its origin perhaps holding its end too.
+ *        It is ended by a RST as from the origin, and, if the origin has not
+ *        closed its end, by a RST to the origin first (at the socket's
+ *        snd_nxt); then the SYN is decided again (port_freed). Still sending
+ *        (data not yet sent to the origin), or still connecting, or still
+ *        there on the SYN's second round: the SYN is dropped (port_held) and
+ *        the client sends it again;
  *   4. no proxy socket listens for it (the graph's listen_port, or the SYN's
  *      own port when listen_port is 0): BYPASS_FAILOPEN. This is the fail-open:
  *      the moment HAProxy dies its listeners are gone, and new flows are
@@ -95,6 +100,7 @@
 #define PEP_IFINDEX_BASE 0x100000    /* c_in of slot g: BASE + 2g; s_in: BASE + 2g + 1 */
 #define PEP_LOCAL_MARK 1             /* skb mark of packets handed to a socket: routed locally */
 #define PEP_RETRY_MARK 2             /* a SYN the program sent round again to its own ingress */
+#define PEP_PORT_RETRY_MARK 3        /* the same, once the proxy's previous connection from its port ended */
 
 #define FLOWS_NEW_MAX 262144         /* LRU, preallocated */
 #define FLOWS_MAX 1048576            /* allocated on demand */
@@ -191,8 +197,8 @@ enum flow_state {
 /* marks: LRU_HASH flow_key -> flow_marks. What a proxied flow's two ends put
  * on their packets, for the proxy's packets to the other end to carry
  * (flow_egress, on c_in's and s_in's egress): with source_port = "kept"
- * the proxy's two sockets have the flow's own 4-tuple, so one key finds
- * the flow from either side. Made at the first SYN (PROXY),
+ * (the default) the proxy's two sockets have the flow's own 4-tuple, so one
+ * key finds the flow from either side. Made at the first SYN (PROXY),
  * updated by the ends' segments (mode bpf), left to the LRU. */
 #define MARKS_MAX 262144
 
@@ -340,11 +346,13 @@ enum flow_counter {
 	CNT_ORIGIN_REFUSED,         /* honest: RSTs answering a probe, passed on to the opener */
 	CNT_PROBE_FAILED,           /* honest: answers not rewritten: the flow went end to end (bypass_failopen) */
 	CNT_FLOWS_BYPASS_OVERLOAD,  /* first SYNs decided BYPASS_OVERLOAD */
-	CNT_PORT_FREED,             /* port kept: the proxy's previous origin-side socket of a client's port,
-				     * its origin done with it too (LAST_ACK, CLOSING, TIME_WAIT), ended by a
-				     * RST so that a new SYN from that port is proxied (sent round again) */
+	CNT_PORT_FREED,             /* port kept: the proxy's previous origin-side socket of a client's port
+				     * ended by a RST (and its origin's end by another, if still open) so
+				     * that a new SYN from that port is proxied (sent round again) */
 	CNT_FIN_DEFERRED,           /* mode bpf: a subscriber's bare FIN dropped, before its proxy's
 				     * connection to the origin is up (the subscriber sends it again) */
+	CNT_PORT_HELD,              /* port kept: a client's SYN dropped, the proxy's previous connection
+				     * from its port still at work (data to send, connecting) */
 	CNT_MAX
 };
 

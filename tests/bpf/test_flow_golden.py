@@ -639,14 +639,15 @@ CASES = [
         Send("access1", ack1(40122, ack=123457), TC_ACT_OK, counters=NO_FLOW),
         Send("origin1", reply1(80, 40122, flags="A", ack=1001), TC_ACT_OK, counters=NO_FLOW)]),
     # -- the flow tables: handshake, promotion, retransmissions, reuse, end
-    # -- 3c. source_port = "kept": a port the proxy could not connect from is bypassed
-    Case("keep-port-busy", "KEEP_PORT (slot 1): the origin side's 4-tuple is held by the proxy's own socket "
-         "(its previous connection from that port): BYPASS_BUSY, forwarded; another port is proxied", [
+    # -- 3c. source_port = "kept": the proxy's previous connection from the client's port is ended first
+    Case("keep-port-connecting", "KEEP_PORT (slot 1): the origin side's 4-tuple is held by the proxy's own "
+         "socket, still connecting (SYN_SENT): the SYN is dropped until it comes again (port_held), nothing "
+         "remembered; another port is proxied", [
         graph_flags(1, G1["flags"] | fm.GRAPH_F_KEEP_PORT, LPORT1),
         Do("the proxy's socket CLIENT1:40150 -> SERVER1:80", lambda dp: dp.own(CLIENT1, 40150, SERVER1, 80)),
-        Send("access1", syn1(40150), TC_ACT_REDIRECT, fwd(syn1(40150)), cnt(flows_bypass_busy=1, pkts_bypassed=1)),
+        Send("access1", syn1(40150), TC_ACT_SHOT, counters=cnt(port_held=1)),
         Send("access1", syn1(40151), TC_ACT_REDIRECT, fwd(syn1(40151)), ASSIGN_REFUSED)],
-        flows=[Flow(CLIENT1, 40150, SERVER1, 80, "flows_new", "bypass_busy", graph=1)]),
+        flows=[Flow(CLIENT1, 40150, SERVER1, 80, None)]),
     Case("keep-port-freed", "KEEP_PORT (slot 1): the proxy's previous origin-side socket of the client's port "
          "in TIME_WAIT (its origin done with it): ended by a RST as from the origin (seq = its rcv_nxt), marked "
          "for local delivery; the SYN goes round again", [
@@ -656,11 +657,43 @@ CASES = [
              lambda dp: Ether(src=C_IN_MAC[1], dst=HOST_MAC[CLIENT]) / IP(src=TW_SERVER, dst=TW_CLIENT)
              / TCP(sport=7104, dport=40153, flags="R", seq=dp.seen["rcv_nxt"], window=0),
              cnt(port_freed=1), mark=fm.LOCAL_MARK),
-        # Back from its round, the socket still there: no second round, bypassed (to a local address of
-        # this test's namespace: forward() leaves it to the stack).
-        Send("access1", tw_syn(40153, 7104, 1000), TC_ACT_OK, counters=cnt(flows_bypass_busy=1),
-             mark_in=fm.RETRY_MARK)],
-        flows=[Flow(TW_CLIENT, 40153, TW_SERVER, 7104, "flows_new", "bypass_busy", graph=1)]),
+        # Back from its round, the socket still there: no second round; dropped until the client sends
+        # the SYN again.
+        Send("access1", tw_syn(40153, 7104, 1000), TC_ACT_SHOT, counters=cnt(port_held=1),
+             mark_in=fm.PORT_RETRY_MARK)],
+        flows=[Flow(TW_CLIENT, 40153, TW_SERVER, 7104, None)]),
+    Case("keep-port-origin-open", "KEEP_PORT (slot 1): the proxy's previous connection from the client's port "
+         "still open at the origin (ESTABLISHED here; CLOSE_WAIT, FIN_WAIT1, FIN_WAIT2 alike): a RST to the "
+         "origin at the socket's snd_nxt goes out s_in first, then the SYN becomes the RST as from the origin "
+         "(seq = its rcv_nxt), marked for local delivery, and goes round again", [
+        graph_flags(1, G1["flags"] | fm.GRAPH_F_KEEP_PORT, LPORT1),
+        Do("the proxy's connection CLIENT1:40155 -> SERVER1:80, snd_nxt 70000, rcv_nxt 90000 (repair mode)",
+           lambda dp: dp.owned.append(dp.run_in_ns(_repaired, 40155, 70000, 90000))),
+        Do("a packet socket on pfls1p, the origin's end of slot 1's s_in", lambda dp: dp.watch("pfls1p")),
+        Send("access1", syn1(40155), TC_ACT_OK,
+             Ether(src=HOST_MAC[SERVER1], dst=S_IN_MAC[1]) / IP(src=SERVER1, dst=CLIENT1)
+             / TCP(sport=80, dport=40155, flags="R", seq=90000, window=0),
+             cnt(port_freed=1), mark=fm.LOCAL_MARK),
+        Do("the origin got a RST at 70000 from CLIENT1:40155", lambda dp: dp.expect_seen(
+            Ether(src=S_IN_MAC[1], dst=HOST_MAC[SERVER1]) / IP(src=CLIENT1, dst=SERVER1)
+            / TCP(sport=40155, dport=80, flags="R", seq=70000, window=0))),
+        Send("access1", syn1(40155), TC_ACT_SHOT, counters=cnt(port_held=1), mark_in=fm.PORT_RETRY_MARK)],
+        flows=[Flow(CLIENT1, 40155, SERVER1, 80, None)]),
+    Case("keep-port-still-sending", "KEEP_PORT (slot 1): the proxy's previous connection from the client's "
+         "port still has data to send to the origin (write_seq past snd_nxt: a zero window): the SYN is "
+         "dropped (port_held), the connection left to finish", [
+        graph_flags(1, G1["flags"] | fm.GRAPH_F_KEEP_PORT, LPORT1),
+        Do("the proxy's connection CLIENT1:40156 -> SERVER1:80, one byte waiting for the origin's window",
+           lambda dp: dp.owned.append(dp.run_in_ns(_repaired, 40156, 70000, 90000, True))),
+        Send("access1", syn1(40156), TC_ACT_SHOT, counters=cnt(port_held=1))]),
+    Case("keep-port-fin-wait2", "KEEP_PORT (slot 1): the proxy's previous connection from the client's port "
+         "closed first by the proxy, its origin still open (an orphan FIN_WAIT2, kept as a time-wait socket): "
+         "the origin must be told, and here it is an address of this namespace, where no RST can be sent: "
+         "held (a TIME_WAIT one is freed: keep-port-freed)", [
+        graph_flags(1, G1["flags"] | fm.GRAPH_F_KEEP_PORT, LPORT1),
+        Do(f"an orphan FIN_WAIT2 socket {TW_CLIENT}:40157 -> {TW_SERVER}:7107",
+           lambda dp: dp.owned.append(dp.run_in_ns(_fin_wait2, 40157, 7107))),
+        Send("access1", tw_syn(40157, 7107, 1000), TC_ACT_SHOT, counters=cnt(port_held=1))]),
     Case("fin-deferred", "KEEP_PORT, ASSIGN (slot 1): the subscriber's bare FIN to the proxy's open socket "
          "before the proxy's connection to the origin exists is dropped (it comes again); with data, or "
          "without KEEP_PORT, it goes", [
@@ -1132,6 +1165,46 @@ def _time_wait(cport: int, sport: int, at_client: bool = False) -> int:
     return (fin_seq + 1) & 0xFFFFFFFF
 
 
+TCP_RECV_QUEUE, TCP_REPAIR_WINDOW = 1, 29   # <linux/tcp.h>
+
+
+def _repaired(lport: int, snd: int, rcv: int, unsent: bool = False) -> socket.socket:
+    """The proxy's connection to the origin as a socket made in repair mode, with no peer:
+    CLIENT1:lport -> SERVER1:80, ESTABLISHED at once, its next sequence numbers snd and rcv, left in
+    repair mode (it sends nothing). unsent: the origin's window 0 and one byte written, not sent."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_IP, IP_TRANSPARENT, 1)
+    s.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR, 1)
+    s.bind((CLIENT1, lport))
+    for queue, seq in ((TCP_SEND_QUEUE, snd), (TCP_RECV_QUEUE, rcv)):
+        s.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR_QUEUE, queue)
+        s.setsockopt(socket.IPPROTO_TCP, TCP_QUEUE_SEQ, seq)
+    s.connect((SERVER1, 80))
+    if unsent:
+        # snd_wl1, snd_wnd, max_window, rcv_wnd, rcv_wup
+        s.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR_WINDOW, struct.pack("=5I", rcv, 0, 65535, 65535, rcv))
+        s.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR, 0)
+        s.send(b"x")
+    return s
+
+
+def _fin_wait2(cport: int, sport: int) -> socket.socket:
+    """A _pair whose client end is closed first, its FIN acknowledged, the server end left open: the
+    client end an orphan in FIN_WAIT2, which Linux keeps as a time-wait socket of that substate. Returns
+    the server end."""
+    cli, conn = _pair(cport, sport)
+    cli.close()
+    conn.settimeout(5)
+    assert conn.recv(1) == b"", "the server end saw data, not the client's FIN"
+    local = f"{TW_CLIENT}:{cport}"
+    deadline = time.monotonic() + 5
+    while subprocess.run(["ss", "-Htn", "state", "fin-wait-2", "src", local], capture_output=True,
+                         text=True).stdout.strip() == "":
+        assert time.monotonic() < deadline, f"no FIN_WAIT2 socket {local} after 5 s"
+        time.sleep(0.01)
+    return conn
+
+
 def _half_gone(cport: int, sport: int) -> socket.socket:
     """A _pair whose client end is gone without a word (closed in repair mode: no FIN, no RST): as
     HAProxy's accepted socket is before it has made its connection to the origin, no socket has the
@@ -1159,6 +1232,24 @@ class FlowDatapath:
     sockets: list[socket.socket] = field(default_factory=list)
     owned: list[socket.socket] = field(default_factory=list)      # a case's, closed at the next reset
     seen: dict = field(default_factory=dict)    # what a case's Do steps found, for its later frames
+
+    def watch(self, dev: str) -> None:
+        """A packet socket on dev (a peer: what leaves the interface at its other end), for expect_seen."""
+        self.seen["watch"] = self.run_in_ns(_packet_socket, dev)
+
+    def expect_seen(self, want: Packet, deadline_s: float = 2.0) -> None:
+        """want's bytes among the frames the watched device received (polled with a deadline)."""
+        ps, want_b, got = self.seen.pop("watch"), bytes(want), []
+        try:
+            end = time.monotonic() + deadline_s
+            while (left := end - time.monotonic()) > 0 and select.select([ps], [], [], left)[0]:
+                frame = ps.recv(65535)
+                if frame == want_b:
+                    return
+                got.append(frame)
+        finally:
+            ps.close()
+        raise AssertionError(f"not seen within {deadline_s} s: {want!r}; seen: {[Ether(f) for f in got]}")
 
     def own(self, local: str, lport: int, remote: str, rport: int) -> None:
         self.owned.append(self.run_in_ns(_syn_sent, local, lport, remote, rport))

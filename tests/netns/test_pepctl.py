@@ -120,8 +120,8 @@ PLANS = [
         "rule add pref 100 iif c_in ipproto tcp dport 80 lookup 100",
         "rule add pref 100 iif s_in ipproto tcp sport 8000-8080 lookup 100",
         "bind 0.0.0.0:80 transparent namespace {inst}-g1", "bind 0.0.0.0:8000-8080 transparent namespace {inst}-g1",
-        "pepctl keep",
-    ], ["nft", "fwmark", ":50080"]),
+        "rule add pref 100 fwmark 1 lookup 100", "pepctl keep",
+    ], ["nft", ":50080"]),
 ]
 
 

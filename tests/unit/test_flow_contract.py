@@ -67,6 +67,7 @@ def test_flags_and_constants_match_header():
     assert _define("PEP_IFINDEX_BASE") == fm.IFINDEX_BASE
     assert _define("PEP_LOCAL_MARK") == fm.LOCAL_MARK
     assert _define("PEP_RETRY_MARK") == fm.RETRY_MARK
+    assert _define("PEP_PORT_RETRY_MARK") == fm.PORT_RETRY_MARK
     # A slot's two interfaces, and the last slot's origin side still an ifindex (a positive int).
     assert fm.ifindexes(0) == (fm.IFINDEX_BASE, fm.IFINDEX_BASE + 1)
     assert fm.ifindexes(fm.GRAPHS_MAX - 1)[1] < 2 ** 31
