@@ -11,9 +11,9 @@ address of 0.0.0.0 means "the address the client connected to", and no port mean
 connected to": with transparent interception that is the original destination. The family is
 the client's, so one `server origin 0.0.0.0` serves IPv4 and IPv6. `source 0.0.0.0 usesrc
 client` binds the outgoing socket to the client's address and port with IP_TRANSPARENT
-(CAP_NET_ADMIN), so the origin sees the subscriber's own 4-tuple (`usesrc clientip`, with
-source_port = "any": its address and a spare port). Checked end to end: the origin's log shows
-the client's IPv4 and IPv6 addresses and ports.
+(CAP_NET_ADMIN), so the origin sees the subscriber's own 4-tuple (source_port = "kept", the
+default; `usesrc clientip` with "any": its address and a spare port). Checked end to end: the
+origin's log shows the client's IPv4 and IPv6 addresses and ports.
 
 HAProxy runs in the foreground (`-db`, one process, no master): its supervisor
 (haproxy/supervise.py) starts it, restarts it, and reloads it seamlessly with `-x SOCK -sf
@@ -54,7 +54,7 @@ class GraphProxy:
     splice: str              # "both" | "auto" | "off"
     maxconn: int
     log_connections: bool
-    keep_port: bool = False  # connect from the client's own port (usesrc client), else any free one
+    keep_port: bool = True   # connect from the client's own port (usesrc client), else any free one
 
 
 @dataclass(frozen=True)
@@ -119,8 +119,9 @@ def _graph(g: GraphProxy) -> list[str]:
         # Connect from the client's address to the original destination: 0.0.0.0 = the address the
         # client connected to; no port = the port it connected to. From the client's own port
         # (usesrc client), so the origin sees the client's 4-tuple and the datapath finds a flow's
-        # two sockets by it; when that port is taken on this side the datapath bypasses the flow
-        # before HAProxy could fail (tc/pep_flow.h, BYPASS_BUSY). Else a spare port (clientip).
+        # two sockets by it; when that port is still taken on this side the datapath ends what holds
+        # it, or bypasses the flow, before HAProxy could fail (tc/pep_flow.h, step 3c). Else a spare
+        # port (clientip).
         f"    source 0.0.0.0 usesrc {'client' if g.keep_port else 'clientip'}",
         f"    server origin 0.0.0.0 {ns}",
     ]

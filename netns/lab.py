@@ -261,7 +261,7 @@ class Lab:
                                    proxy=str(proxy).lower(),
                                    interception=opts.interception, ports=ports, splice=opts.splice,
                                    mode=opts.mode, experiment=experiment, threads=getattr(opts, "threads", 0),
-                                   source_port=getattr(opts, "source_port", "any"),
+                                   source_port=getattr(opts, "source_port", "kept"),
                                    handshake=f'handshake = "{handshake}"' if handshake else "",
                                    metrics_port=0 if getattr(opts, "no_metrics", False) else 9101,
                                    congestion=congestion)

@@ -36,9 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--mode", choices=("tcp", "http"), default="tcp")
     up.add_argument("--handshake", choices=("honest", "early"),
                     help="who answers a new flow's SYN first (default: honest with bpf interception, early else)")
-    up.add_argument("--source-port", choices=("kept", "any"), default="any",
-                    help="the proxy connects to the origin from the client's own port (kept) or a spare one (any, "
-                    "the default)")
+    up.add_argument("--source-port", choices=("kept", "any"), default="kept",
+                    help="the proxy connects to the origin from the client's own port (kept, the default) or a "
+                    "spare one (any)")
     up.add_argument("--congestion", default=DEFAULT_CONGESTION, metavar="NAME",
                     help=f"the access side's congestion control (default {DEFAULT_CONGESTION}): one the kernel offers, "
                     "or pep_radio (pepctl's own, congestion/: registered by pepctl up, shared by every lab of the "

@@ -43,7 +43,7 @@ class Proxy:
     mode: str                                 # "tcp" | "http"
     maxconn: int                              # 0 = the host's maxconn (no limit of its own)
     log_connections: bool
-    source_port: str = "any"                  # "kept" | "any": the proxy connects from the client's port
+    source_port: str = "kept"                 # "kept" | "any": the proxy connects from the client's port
     mptcp: str = "bypass"                     # "bypass" | "proxy": a subscriber's MPTCP SYN
     handshake: str = "honest"                 # "honest" | "early": who answers a new flow's SYN first
 

@@ -47,7 +47,7 @@ PROXY_DEFAULTS: dict[str, Any] = {
     "maxconn": 0,
     "log_connections": False,
     # issue 26: what the split hides (docs/transparency.md)
-    "source_port": "any",   # "kept": docs/transparency.md says what it gives and risks
+    "source_port": "kept",  # "any": a spare port (docs/transparency.md)
     "mptcp": "bypass",
     "handshake": None,      # "honest" in mode bpf, which alone can make it; "early" otherwise
 }

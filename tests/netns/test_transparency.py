@@ -1,4 +1,4 @@
-"""A split that neither end can tell from a wire (issue 26): the transparency matrix.
+"""A split that neither end can tell from a wire: the transparency matrix.
 
    client  198.18.0.10 / 2001:2:0:1::10   through the PEP (no rule matches them)
            198.18.0.11 / 2001:2:0:1::11   routed: a client bypass rule each (lab_setup)
@@ -13,9 +13,10 @@ address family, and reduces what both ends saw to an outcome (a dict): the clien
 (matrix_peer.py client), what the origin logged for that connection (found by the client's port),
 and what packet sockets on the client's and the origin's eth0 captured of it. The PEP's outcome
 must equal the routed one, and both must equal what the case expects, so a case that is broken
-both ways fails too. Each runs in the default mode and with the client's port kept (LAB_MODES).
+both ways fails too. Each runs in the default mode (the client's port kept) and with a spare source
+port (LAB_MODES).
 
-Where the PEP differs by design (not asserted; README, "Transparency"):
+Where the PEP differs by design (not asserted; docs/transparency.md):
   - window scale: each of the proxy's sockets scales its own window (from its own buffer);
   - the origin sees two SYNs per connection: the client's own (the honest handshake's probe, which
     the datapath ends with a RST once answered), then the proxy's, with its own ISN and timestamp;
@@ -41,11 +42,11 @@ from scapy.layers.l2 import Ether
 from netns.handle import PYTHON, wait_until
 from pepctl import nsutil
 
-# Two labs: the default mode (interception bpf, handshake honest, a spare source port), and the same
-# with the client's own port kept, the option that carries DSCP, ECN and offers toward the origin, the
-# client's port, and the origin's reset to the client (README, "Transparency"): those cases run in
-# that lab only (KEPT_ONLY), every other in both.
-LAB_MODES = {"default": [], "port-kept": ["--source-port", "kept"]}
+# Two labs: the default mode (interception bpf, handshake honest, the client's own port kept), and the
+# same with a spare source port (source_port = "any"), which gives up what the shared 4-tuple carries:
+# DSCP, ECN and offers toward the origin, the client's port, and the origin's reset passed on to the
+# client (docs/transparency.md). Those cases run in the default lab only (KEPT_ONLY), every other in both.
+LAB_MODES = {"default": [], "port-any": ["--source-port", "any"]}
 KEPT_ONLY = ("dscp", "ecn", "source_port", "offers", "rst_from_origin")
 PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "matrix_peer.py")
 ORIGIN = {4: "198.19.0.10", 6: "2001:2:0:2::10"}
@@ -274,14 +275,15 @@ def case_one_byte(lab, log, path, fam):
 
 def case_tuple_reused(lab, log, path, fam):
     """The same 4-tuple at once: the origin closed first, so the proxy's socket of it is in TIME_WAIT.
-    Not asserted: how long the second connect takes. Through the PEP, a reuse within about a round
-    trip of the close may find the proxy's own connection to the origin from that port not closed
-    yet (its origin still in FIN_WAIT2) and wait for a SYN retransmission (1 s); README."""
+    With the port kept, the proxy's own connection to the origin from that port may not be closed yet
+    (HAProxy closes it once it has the client's FIN; its origin then still in FIN_WAIT2, which would
+    refuse the new SYN): the datapath ends it at both ends first, so the second connect takes no SYN
+    retransmission (1 s), as when routed."""
     port = {("pep", 4): 41004, ("pep", 6): 41006, ("routed", 4): 41014, ("routed", 6): 41016}[path, fam]
     first, second = client(lab, "peer", path, fam, bind_port=port, again=True)
-    out = {"first": first["connect"], "second": second["connect"],
+    out = {"first": first["connect"], "second": second["connect"], "second_within_0.5s": second["seconds"] < 0.5,
            "same_port": first.get("local_port") == second.get("local_port") == port}
-    if lab.interception == "port-kept":
+    if lab.interception == "default":
         out["origin_sees_port"] = [int(x["got"].split()[1]) == port for x in (first, second)]
     return out
 
@@ -302,7 +304,7 @@ EXPECTED = {
     "half_close_by_origin": {"client_got": "bye", "client_end": "eof", "origin_got_after_its_fin": "after-fin"},
     "zero_bytes": {"origin_first": "", "origin_end": "eof"},
     "one_byte": {"client_got": "2", "origin_first": "1"},
-    "tuple_reused": {"first": "ok", "second": "ok", "same_port": True},
+    "tuple_reused": {"first": "ok", "second": "ok", "second_within_0.5s": True, "same_port": True},
 }
 # What a case also sees with the port kept.
 KEPT_ALSO = {"tuple_reused": {"origin_sees_port": [True, True]}}
@@ -312,10 +314,10 @@ CASES = {name: globals()[f"case_{name}"] for name in EXPECTED}
 @pytest.mark.parametrize("fam", [4, 6], ids=["ipv4", "ipv6"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_matrix(lab, origin_log, name, fam):
-    if name in KEPT_ONLY and lab.interception == "default":
-        pytest.skip(f'{name} needs source_port = "kept" (the lab "port-kept" runs it)')
+    if name in KEPT_ONLY and lab.interception == "port-any":
+        pytest.skip(f'{name} needs source_port = "kept" (the default lab runs it)')
     got = {path: CASES[name](lab, origin_log, path, fam) for path in ("routed", "pep")}
-    want = EXPECTED[name] | (KEPT_ALSO.get(name, {}) if lab.interception == "port-kept" else {})
+    want = EXPECTED[name] | (KEPT_ALSO.get(name, {}) if lab.interception == "default" else {})
     assert got["routed"] == want, \
         f"{name}, IPv{fam}, routed (client {SRC['routed'][fam]}): expected {want}, got {got['routed']}"
     assert got["pep"] == got["routed"], \

@@ -477,8 +477,8 @@ def test_defaults():
     p = g.proxy
     assert (p.enabled, p.interception, p.listen_port, p.splice, p.mode) == (True, "bpf", 50080, "both", "tcp")
     assert (p.maxconn, p.log_connections) == (0, False)
-    assert (p.source_port, p.mptcp, p.handshake) == ("any", "bypass", "honest"), \
-        "issue 26: a spare port (README, Transparency), MPTCP end to end, the origin answers first"
+    assert (p.source_port, p.mptcp, p.handshake) == ("kept", "bypass", "honest"), \
+        "the client's own port (docs/transparency.md), MPTCP end to end, the origin answers first"
     assert (h.supervisor, h.threads, h.maxconn, h.metrics_address, h.metrics_port) == ("auto", 0, 0, "127.0.0.1", 9101)
     assert p.ports == ((80, 80), (443, 443))
 
