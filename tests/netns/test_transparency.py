@@ -39,8 +39,9 @@ from scapy.layers.inet import IP, TCP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 
-from netns.handle import PYTHON, wait_until
+from netns.handle import PYTHON
 from pepctl import nsutil
+from pepctl.runner import StepError, wait_for
 
 # Two labs: the default mode (interception bpf, handshake honest, the client's own port kept), and the
 # same with a spare source port (source_port = "any"), which gives up what the shared 4-tuple carries:
@@ -163,7 +164,7 @@ def origin_saw(log: str, path: str, fam: int, since: int) -> dict:
             mine = [e for e in map(json.loads, f) if e["peer"][0] == SRC[path][fam]]
         assert len(mine) < 2, f"origin: {len(mine)} connections from {SRC[path][fam]} since byte {since}: {mine}"
         return mine[0] if mine else None
-    return wait_until(find, timeout=5, what=f"the origin's log line of {SRC[path][fam]}")
+    return wait_for(find, timeout=5, what=f"the origin's log line of {SRC[path][fam]}")
 
 
 def with_origin_log(lab, log: str, action: str, path: str, fam: int) -> tuple[dict, dict]:
@@ -431,14 +432,14 @@ def test_graph_at_maxconn_fails_open_at_once(lab):
         # The count starts from none: the connections of the tests before have all closed.
         counted = lambda: lab.status()["pepctl"]["graphs"][0]["connections"]["graph"]   # noqa: E731
         try:
-            wait_until(lambda: counted() == 0, timeout=10, what="no connection counted in the graph")
-        except AssertionError:
+            wait_for(lambda: counted() == 0, timeout=10, what="no connection counted in the graph")
+        except StepError:
             raise AssertionError(f"pep: {counted()} connections counted before the test; sockets there: "
                                  f"{lab.run('pep', 'ss', '-tanH').stdout}") from None
         before = lab.status()["pepctl"]["graphs"][0]["flows"]["flows_bypass_overload"]
         holder = lab.popen("client", PYTHON, "-c", HOLD, "10", SRC["pep"][4], ORIGIN[4], stdin=subprocess.PIPE)
         assert holder.stdout.readline().strip() == "held", holder.stderr.read()
-        wait_until(lambda: lab.status()["pepctl"]["graphs"][0]["connections"]["graph"] >= 10, timeout=5,
+        wait_for(lambda: lab.status()["pepctl"]["graphs"][0]["connections"]["graph"] >= 10, timeout=5,
                    what="the datapath counting the 10 held connections")
         out = lab.run("client", "curl", "-s", "-o", "/dev/null", "-m", "5", "-w", "%{http_code} %{time_total}",
                       f"http://{ORIGIN[4]}/").stdout.split()
