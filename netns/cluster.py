@@ -21,7 +21,8 @@ Each router has one segment for the hosts (a bridge, "hosts", over its links hI)
 198.18.64.0/24 (ra .1, host I's c_in .10+I), origin 198.19.64.0/24 (ro .1, host I's s_in .10+I).
 On it a draining host hands new flows to another host directly. The client has one address in
 every share, 198.18.0.(32k+10). ASNs: ra 65001, ro 65002, host I 65010+I. IPv4 only. The hosts
-intercept with nft: bfdd's packet socket rules out bpf (docs/routing.md).
+intercept with bpf unless --interception says otherwise (pepctl binds bfdd's packet socket to lo:
+docs/routing.md).
 """
 
 from __future__ import annotations

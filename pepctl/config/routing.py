@@ -23,12 +23,6 @@ def read_routing(r: Reader, doc: dict, graphs: list) -> Routing | Any:
     if name is not BAD and graph is None and len(good) == len(graphs):
         r.error("routing.graph", name, "no graph has this name; give the graph whose namespace faces "
                 f"the routers: {', '.join(g.name for g in good)}")
-    if graph is not None and graph.proxy.enabled and graph.proxy.interception == "bpf":
-        r.error(f"graph[{graph.index}].proxy.interception", "bpf", "[routing] runs FRR's bfdd in this graph's "
-                "namespace, and bfdd opens an IPv4 packet socket (BFD echo): with one there the kernel hands "
-                "IPv4 packets on shared, clones them, and the socket the tc program gave a SYN is lost; every "
-                'new flow would be reset. Use interception = "nft" (or "route") on the graph that faces '
-                "the routers")
     asn = read_asn(r, raw, "routing", "asn")
     hosts = read_members(r, raw, graph)
     me = r.get(raw, "routing", "host", STR, example='"ph1"')

@@ -146,12 +146,15 @@ def test_reload_takes_a_new_cluster_live_but_not_a_new_address_plan():
     assert [e.field for e in reload.structural_changes(from_three, parse(BASE))] == ["routing"]
 
 
-def test_bpf_interception_is_refused_beside_frr():
-    """bfdd's IPv4 packet socket in the graph's namespace makes the kernel clone every packet at
-    ip_rcv, which drops the socket bpf_sk_assign gave a SYN (tests/netns/test_interception.py shows
-    the resets it causes)."""
-    got = errors(BASE.replace('interception = "nft"', 'interception = "bpf"') + routing_table())
-    assert any("graph[0].proxy.interception " in e and "packet socket" in e for e in got), got
+def test_frr_packet_sockets_are_pinned_before_bgpd_starts():
+    """bfdd opens an IPv4 packet socket on every device; in a bpf graph's namespace it would make the
+    kernel drop the socket bpf_sk_assign gives each new flow (tests/netns/test_interception.py). `up`
+    binds it to lo after bfdd starts and before bgpd, which is what brings a router's traffic."""
+    cfg = parse(BASE.replace('interception = "nft"', 'interception = "bpf"') + routing_table())
+    whats = [s.what for s in plan.routing_steps(cfg)]
+    pin = next(i for i, w in enumerate(whats) if "packet sockets" in w)
+    assert whats.index(f"start FRR bfdd in {cfg.graph_names(cfg.graphs[0]).netns}") < pin < \
+        whats.index(f"start FRR bgpd in {cfg.graph_names(cfg.graphs[0]).netns}"), whats
 
 
 def test_a_transit_link_subnet_is_on_link():
