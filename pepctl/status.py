@@ -230,7 +230,7 @@ def print_table(report: dict, out) -> None:
     if rt and "error" not in rt:
         d = rt.get("drain")
         drained = "" if not d else (" DRAINED: announces nothing" if d.get("withdrawn") else " DRAINING")
-        roles = list(rt["shares"].values())
+        roles = [x["role"] for x in rt["shares"].values()]
         print(f"  routing: host {rt['host']}, primary of {roles.count('primary')} shares, backup of "
               f"{roles.count('backup')}{drained}", file=out)
         for addr, p in rt.get("peers", {}).items():
