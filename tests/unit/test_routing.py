@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 
 import pytest
 
@@ -11,6 +12,7 @@ from netns.configs import routing_table as routing_section
 from pepctl import config as configmod
 from pepctl import drain, plan, reload, routing
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The cluster lab's host ph1 without its [routing], which the tests write (routing_table) or leave out.
 BASE = toml_text({k: v for k, v in cluster_host(1, 3, proxy={"interception": "nft"}).items() if k != "routing"})
 
@@ -227,3 +229,14 @@ def test_a_transit_link_subnet_is_on_link():
     assert lines.index("route replace 198.18.0.0/24 via 198.18.64.1 dev c_in proto static congctl bbr initcwnd 32") \
         > lines.index("route replace 198.18.64.0/24 dev c_in scope link src 198.18.64.11 proto static congctl bbr "
                       "initcwnd 32"), "the gateway's route must come before the route through it"
+
+
+def test_the_examples_routing_table_loads():
+    """etc/pep.example.toml's [routing] (commented out), on the cluster lab's host ph1 graph, which
+    has the addresses it names."""
+    with open(os.path.join(REPO, "etc", "pep.example.toml")) as f:
+        text = f.read()
+    block = text[text.index("# [routing]\n"):]
+    lines = [line[2:] for line in block.splitlines() if line.startswith("# ") and not line.startswith("# #")]
+    r = parse(BASE + "\n".join(lines) + "\n").routing
+    assert routing.families(r) == [4, 6] and len(r.peers) == 4 and r.assign == ((0, "ph1", "ph2"),)
