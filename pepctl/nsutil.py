@@ -193,14 +193,18 @@ def ip_packet_sockets(ns: str, pids: list[int] | None = None) -> list[dict]:
     found = in_netns(ns, _packet_rows)
     if not found:
         return []
+    wanted = {inode for _, _, inode in found}
     holders: dict[int, tuple[int, int, str]] = {}
     for pid in map(str, pids) if pids is not None else filter(str.isdigit, os.listdir("/proc")):
-        for inode, fd in _socket_fds(pid).items():
-            try:
-                with open(f"/proc/{pid}/comm") as f:
-                    holders[inode] = (int(pid), fd, f.read().strip())
-            except OSError:
-                continue
+        held = {inode: fd for inode, fd in _socket_fds(pid).items() if inode in wanted}
+        if not held:
+            continue
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        holders.update({inode: (int(pid), fd, comm) for inode, fd in held.items()})
     out = []
     for family, ifindex, inode in found:
         pid, fd, comm = holders.get(inode, (None, None, "?"))

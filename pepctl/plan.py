@@ -513,4 +513,3 @@ def pin_step(ns: str, pidfiles: list[str]) -> Step:
     a subscriber's packet."""
     shown = f"# pepctl: bind the IP packet sockets of {', '.join(pidfiles)} to lo (pidfd_getfd(2), bind(2))"
     return Step(f"keep FRR's packet sockets off {ns}'s traffic", Call("pin_packet_sockets", (ns, pidfiles), shown))
-

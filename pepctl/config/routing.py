@@ -67,8 +67,10 @@ def read_routing(r: Reader, doc: dict, graphs: list) -> Routing | Any:
         try:
             router_id = ipaddress.IPv4Address(router_id)
         except ValueError:
-            router_id = r.error("routing.router_id", router_id or None, "not an IPv4 address; BGP names a router "
-                                "by one (default: the graph's first IPv4 access address, which it has none of)")
+            router_id = r.error("routing.router_id", router_id, "not an IPv4 address; BGP names a router by "
+                                "one (default: the graph's first IPv4 access address)") if router_id else \
+                r.error("routing.router_id", None, "missing, and the graph has no IPv4 access address to take "
+                        "as default: BGP names a router by an IPv4 address; give one")
     assign = read_assign(r, raw, hosts, shares)
     parts = [graph, asn, router_id, me, hosts, subscribers, shares, anchors, peers, interval, multiplier, assign]
     if any(p is BAD or p is None for p in parts):

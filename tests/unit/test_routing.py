@@ -171,6 +171,7 @@ def test_defaults():
     (('subscribers = ["198.18.0.0/24"', 'subscribers = ["198.18.0.0/33"'), "routing.subscribers[0]",
      "not an IPv4 or IPv6 network"),
     (("asn = 65011", "asn = 0"), "routing.asn", "not an AS number"),
+    (("asn = 65011", 'asn = 65011\nrouter_id = "2001:2:0:164::11"'), "routing.router_id", "not an IPv4 address"),
     (('address = "198.18.64.1"', 'address = "198.19.64.1"'), "routing.peer[0].address", "not in graph g1's access"),
     (('address = "2001:2:0:164::1"', 'address = "2001:2:0:264::1"'), "routing.peer[1].address",
      "not in graph g1's access"),
