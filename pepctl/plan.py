@@ -553,5 +553,16 @@ def routing_steps(cfg: Config) -> list[Step]:
         steps.append(daemon_step(f"start FRR {daemon} in {ns}", in_netns(ns, routing.daemon_argv(daemon, folder)),
                                  routing.frr_file(folder, daemon, "pid"), routing.frr_file(folder, daemon, "out"),
                                  lambda vty=vty: os.path.exists(vty)))
+        if daemon == "bfdd":
+            steps.append(pin_step(ns, [routing.frr_file(folder, d, "pid") for d in ("zebra", "bfdd")]))
     return steps
 
+
+def pin_step(ns: str, pidfiles: list[str]) -> Step:
+    """bfdd opens an IPv4 packet socket on every device (for BFD echo, which pepctl does not
+    configure) as it starts, before its vty. In the graph's namespace it would make the kernel hand
+    every IPv4 packet to ip_rcv shared, which drops the socket bpf_sk_assign gave a new flow
+    (docs/routing.md). So it is bound to lo before bgpd starts: before any router sends this host
+    a subscriber's packet."""
+    shown = f"# pepctl: bind the IP packet sockets of {', '.join(pidfiles)} to lo (pidfd_getfd(2), bind(2))"
+    return Step(f"keep FRR's packet sockets off {ns}'s traffic", Call("pin_packet_sockets", (ns, pidfiles), shown))

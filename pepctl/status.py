@@ -39,9 +39,12 @@ def problems(cfg: Config) -> list[str]:
             found.append(f"namespace {gn.netns} missing")
         found += [f"link {dev} missing" for dev in (gn.c_out, gn.s_out) if dev not in links]
         if g.proxy.enabled and g.proxy.interception == "bpf" and os.path.exists(netns_path(gn.netns)):
+            # One bound to another device (FRR's bfdd's, which up binds to lo) sees none of the graph's traffic.
+            seen = (0, gn.c_in_ifindex, gn.s_in_ifindex)
             found += [f"graph {g.name}: an {p['family']} packet socket is open in {gn.netns}, held by {p['held_by']}: "
                       "the kernel drops the socket the tc program gives each new flow, and resets the flow; close it "
-                      "(tcpdump is harmless), or use interception nft" for p in nsutil.ip_packet_sockets(gn.netns)]
+                      "(tcpdump is harmless), bind it to lo, or use interception nft"
+                      for p in nsutil.ip_packet_sockets(gn.netns) if p["ifindex"] in seen]
     for cc in congestion.used(cfg):
         try:
             state = congestion.registration(cc)
@@ -247,7 +250,7 @@ def print_table(report: dict, out) -> None:
     if rt and "error" not in rt:
         d = rt.get("drain")
         drained = "" if not d else (" DRAINED: announces nothing" if d.get("withdrawn") else " DRAINING")
-        roles = list(rt["shares"].values())
+        roles = [x["role"] for x in rt["shares"].values()]
         print(f"  routing: host {rt['host']}, primary of {roles.count('primary')} shares, backup of "
               f"{roles.count('backup')}{drained}", file=out)
         for addr, p in rt.get("peers", {}).items():
