@@ -102,7 +102,7 @@ CONN_TAG = struct.Struct("=I")                   # slot1 (flow_conns' tag of a c
 FLOW_SYN = struct.Struct("=IBBBB2sBB4s12s40s4xQ")
 MARK_F_SUB_ECN, MARK_F_ORG_RESET, MARK_F_SUB_SACK, MARK_F_SUB_TS = 0x1, 0x2, 0x4, 0x8
 MARK_F_ORG_SACK, MARK_F_ORG_TS, MARK_F_SUB_OPTS, MARK_F_ORG_OPTS = 0x10, 0x20, 0x40, 0x80
-MARK_S_SUB_DATA, MARK_S_FIN_HELD = 0x1, 0x2
+MARK_S_SUB_DATA, MARK_S_FIN_HELD, MARK_S_KEPT = 0x1, 0x2, 0x4
 U32 = struct.Struct("=I")
 U64 = struct.Struct("=Q")
 

@@ -226,6 +226,9 @@ struct flow_marks {
 #define MARK_F_ORG_OPTS  0x80  /* the origin's offer is known */
 #define MARK_S_SUB_DATA  0x1   /* the subscriber has sent data (mode bpf) */
 #define MARK_S_FIN_HELD  0x2   /* a FIN of the subscriber's was held back once (fin_deferred) */
+#define MARK_S_KEPT      0x4   /* decided with GRAPH_F_KEEP_PORT: the proxy connects from the client's
+				* port. A flow proxied before (source_port "any" then, or an older
+				* datapath: pepctl upgrade) is told by its flags of its own day */
 
 /* syns: LRU_HASH flow_key -> flow_syn. The honest handshake (GRAPH_F_HONEST,
  * mode bpf): a first SYN that would be proxied goes on to the origin first,
