@@ -359,6 +359,15 @@ def read_conns(pins: str, graph: int | None = None) -> int:
     return U64.unpack(raw)[0] if raw is not None else 0
 
 
+def stats_index(index: int, old_entries: int, new_entries: int) -> int | None:
+    """Where a counter of flow_stats goes when its size changes (pepctl upgrade): a graph's counters
+    are CNT_MAX apart, and a counter keeps its number from one version to the next (new ones are added
+    at the end of enum flow_counter). None: a counter this version no longer has."""
+    old_n, new_n = old_entries // GRAPHS_MAX, new_entries // GRAPHS_MAX
+    slot, counter = divmod(index, old_n)
+    return slot * new_n + counter if counter < new_n and slot < GRAPHS_MAX else None
+
+
 def read_counters(pins: str, graph: int) -> dict[str, int]:
     """enum flow_counter of graph, summed over CPUs: {"flows_proxied": n, ...}."""
     out = {}
