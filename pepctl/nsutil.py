@@ -38,16 +38,24 @@ def in_netns(ns: str | None, fn, *args):
     """fn(*args) on a thread inside namespace ns (None: here); returns its result or raises."""
     if ns is None:
         return fn(*args)
+
+    def there():
+        join(ns)
+        return fn(*args)
+    return _on_thread(f"netns-{ns}", there)
+
+
+def _on_thread(name: str, fn):
+    """fn() on a short-lived thread of its own (whose namespace it may change); its result or error."""
     box: dict = {}
 
     def body():
         try:
-            join(ns)
-            box["result"] = fn(*args)
+            box["result"] = fn()
         except BaseException as e:   # handed to the caller's thread
             box["error"] = e
 
-    t = threading.Thread(target=body, name=f"netns-{ns}")
+    t = threading.Thread(target=body, name=name)
     t.start()
     t.join()
     if "error" in box:
@@ -68,9 +76,40 @@ def netns_cookie(ns: str | None) -> int:
     return in_netns(ns, _cookie_here)
 
 
+def _sysctl_path(key: str) -> str:
+    return "/proc/sys/" + key.replace(".", "/")
+
+
+def _read_sysctls(keys: list[str]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for key in keys:
+        try:
+            with open(_sysctl_path(key)) as f:
+                out[key] = " ".join(f.read().split())   # "1024\t65535" reads as written: "1024 65535"
+        except FileNotFoundError:
+            out[key] = None
+    return out
+
+
+def read_sysctls(ns: str | None, keys: list[str]) -> dict[str, str | None]:
+    """The values of sysctls in namespace ns (None: absent here), as sysctl -w takes them."""
+    return in_netns(ns, _read_sysctls, list(keys))
+
+
+def fresh_sysctls(keys: list[str]) -> dict[str, str | None]:
+    """The values a namespace just made has: the kernel's defaults for one. The namespace is a
+    thread's own, made for the reading and gone with the thread."""
+    def fresh():
+        if _libc.unshare(CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}")
+        return _read_sysctls(list(keys))
+    return _on_thread("netns-fresh", fresh)
+
+
 def _write_sysctls(pairs: list[tuple[str, str]]) -> None:
     for key, value in pairs:
-        path = "/proc/sys/" + key.replace(".", "/")
+        path = _sysctl_path(key)
         try:
             with open(path, "w") as f:
                 f.write(value)
