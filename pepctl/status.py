@@ -30,8 +30,8 @@ from .config import Config, Graph
 from .names import congestion_pins, netns_path
 from .runner import Journal, StepError, run_json
 
-# The format of `status --json` ("format"): 1, before the key (29c448f and the commits until it
-# came); 2, with it, "upgrade", and the counters of the flow_conns connections.
+# The format of `status --json` ("format"): 1, before the key existed; 2, with it, "upgrade", and the
+# connections flow_conns counts.
 STATUS_FORMAT = 2
 
 
@@ -40,6 +40,9 @@ def problems(cfg: Config, outdated: bool = False) -> list[str]:
     up, whose congestion controls are those of its own reading of the config)."""
     n = cfg.instance_names()
     found = []
+    if os.path.exists(n.upgrade_journal):
+        found.append("an `upgrade` was cut short: `pepctl upgrade` finishes it (or rolls it back and upgrades again); "
+                     "`pepctl down` rolls it back and takes the instance down")
     if not os.path.isdir(n.pins):
         found.append(f"pins {n.pins} missing")
     links = {name for _, name in socket.if_nameindex()}
@@ -149,7 +152,8 @@ def collect(cfg: Config) -> dict:
             procs["last_exit"] = {**procs["last_exit"], "at": _when(procs["last_exit"].get("at"))}
         report["proxy"] = procs
         hap = haproxy_report(n.haproxy_sock)
-    layout = (lambda fn, *args: {"error": f"not read: {why}"}) if why else _safe
+    layout = (lambda fn, *args: {"error": "not read before `pepctl upgrade` (their layout may differ)"}) if why \
+        else _safe
     for g in cfg.graphs:
         gn = cfg.graph_names(g)
         entry: dict = {
@@ -234,6 +238,9 @@ def print_table(report: dict, out) -> None:
     for g in report["graphs"]:
         for side, vid in (("access", g["access_vlan"]), ("origin", g["origin_vlan"])):
             c = g["steering"][side]
+            if "error" in c:
+                print(f"  {g['name']:<12} {vid:>5} {side:<7} counters {c['error'][:60]}", file=out)
+                continue
             print(f"  {g['name']:<12} {vid:>5} {side:<7} {c.get('in_packets', 0):>12} {c.get('in_bytes', 0):>14} "
                   f"{c.get('out_packets', 0):>12} {c.get('out_bytes', 0):>14}", file=out)
         if "radio" in g:

@@ -17,7 +17,7 @@ rolled back if a step fails; `pepctl plan --upgrade` prints it. In order:
 
   1. the register entry rewritten in this format; HAProxy's next config written and checked;
   2. what this version adds: a congestion control of pepctl's own that the config now selects
-     (pep_radio, the access side's default since 29c448f), registered before any route names
+     (pep_radio, the access side's default since the last release), registered before any route names
      it, and its parameters per graph;
   3. the new datapath loaded beside the running one (PINS/steer-new, PINS/flow-new), with every
      running map whose layout is the same handed to the new programs, so the flows bypassed keep
@@ -89,7 +89,7 @@ REMAPS = {"flow_stats": flow_maps.stats_index}
 # version it is (an upgrade killed between its exchanges is put back by it).
 MARKERS = {"steer": "trunk_ingress", "flow": flow_maps.PROGRAM}
 # Sysctls an older pepctl set in a graph's namespace that this one leaves to the kernel.
-RETIRED_SYSCTLS = ("net.ipv4.tcp_max_tw_buckets",)   # 0 before 29c448f's successor: no TIME_WAIT at all
+RETIRED_SYSCTLS = ("net.ipv4.tcp_max_tw_buckets",)   # was 0 with bpf interception: no TIME_WAIT at all
 CODE = ("pepctl", "haproxy")                        # what the processes run (build_digest)
 
 
@@ -208,14 +208,27 @@ def merge(old: list[dict], build: list[dict], made: list[dict]) -> list[dict]:
     where `up` would have written it otherwise, with what the upgrade made (made: entries of `up`'s
     plan, build) where `up` would have put it. Entries of the old journal that `up` no longer makes
     (a host setting changed then) keep their place."""
-    out, at = [], 0
     made_keys = {_strict(e) for e in made}
+    matched = {i for b in build if (i := _find(b, old)) is not None}
+    out: list[dict] = []
+    at = 0
+
+    def orphans() -> int:
+        """The old entries from `at` that `up` no longer plans: they stay after the one before them."""
+        n = at
+        while n < len(old) and n not in matched:
+            out.append(old[n])
+            n += 1
+        return n
+
+    at = orphans()
     for b in build:
         i = _find(b, old, at)
         if i is not None:
             out += old[at:i]
-            out.append(b if _strict(b) != _strict(old[i]) and _loose(b) is not None else old[i])
+            out.append(b if _strict(b) != _strict(old[i]) else old[i])
             at = i + 1
+            at = orphans()
         elif _strict(b) in made_keys:
             out.append(b)
     return out + old[at:]
