@@ -388,8 +388,9 @@ def test_kill_haproxy_fails_open_at_once_then_proxies_again(lab, graph, which):
     # Connections under way at the kill were HAProxy's and die with it; every one started after may not fail.
     late = [a for a in attempts if a[0] >= killed_at + NEW_FLOWS_WITHIN and not a[2]]
     assert not late, f"client {src}: {len(late)} connection(s) started more than {NEW_FLOWS_WITHIN * 1000:g} ms " \
-                     f"after kill -9 of HAProxy failed ({sorted({a[3] for a in late})}); after the kill: " \
-                     f"{timeline(attempts, killed_at)}"
+                     f"after kill -9 of HAProxy failed ({sorted({a[3] for a in late})}), at " \
+                     f"{', '.join(f'+{a[0] - killed_at:.3f}' for a in late)} s; flow counters moved " \
+                     f"{grew(c0, counters(graph))}; after the kill: {timeline(attempts, killed_at)}"
     assert sum(a[2] for a in after) >= 20, f"client {src}: only {sum(a[2] for a in after)} successes after the kill"
 
     # Which attempts the datapath bypassed (fail-open) while HAProxy was down: they are remembered.

@@ -8,14 +8,16 @@ connection to itself; a bypassed flow on the listener's own port is not taken by
       == ... -- origin 198.19.0.10 / 2001:2:0:2::10: one TCP server on many odd ports (MANY_PORTS)
 
 Every test runs on two labs: the default (interception `bpf`, every port) and one with
-`--interception nft` (every port too), against which the bpf-only claims are contrasted.
+`--interception nft` (every port too), against which the bpf-only claims are contrasted. Both
+connect to the origin from a spare port (`--source-port any`; the default keeps the client's):
+that is how the origin tells a proxied connection from a routed one.
 
 How right is told from wrong:
 - no netfilter: `nft -j list ruleset` in the graph's namespace holds nothing in mode bpf (and the
   instance's table in mode nft: the check can tell);
 - intercepted on every port: the origin's server answers each connection with the peer it saw.
-  Through HAProxy (`usesrc clientip`) that is the client's own address but not its port: HAProxy
-  connects from a port of its own. Routed, the port would be the client's. HAProxy's sessions_total
+  Through HAProxy (`usesrc clientip`, source_port = "any") that is the client's own address but not
+  its port: HAProxy connects from a port of its own. Routed, the port would be the client's. HAProxy's sessions_total
   and flow_ingress's flows_proxied must each grow by the number of connections, and
   flows_not_intercepted not at all;
 - no connection to the PEP itself: connects from the client and from the origin to all four of the
@@ -44,7 +46,7 @@ from pepctl import config as configmod
 from pepctl import flow_maps, nsutil
 from pepctl.runner import wait_for
 
-LAB_MODES = {"bpf": [], "nft": ["--interception", "nft"]}
+LAB_MODES = {"bpf": ["--source-port", "any"], "nft": ["--interception", "nft", "--source-port", "any"]}
 ORIGIN = {4: ORIGIN4, 6: ORIGIN6}
 CLIENT = {4: CLIENT4, 6: CLIENT6}
 BYPASSED = {4: "198.18.0.30", 6: "2001:2:0:1::30"}
