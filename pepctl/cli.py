@@ -261,7 +261,13 @@ def cmd_reload(args, out) -> int:
 
 
 def cmd_upgrade(args, out) -> int:
-    cfg, info = load(args)
+    try:
+        cfg, info = load(args)
+    except configmod.ConfigError as e:
+        print(f"pepctl upgrade: {args.config} no longer passes this pepctl's checks:\n{e}\nAn upgrade in place keeps "
+              "the config the instance runs, so it must pass both pepctls: take the instance down (with either one), "
+              "mend the config, and bring it up with this one; nothing was changed", file=sys.stderr)
+        return 2
     _, digest = read_config(args.config)
     checks.refuse(checks.host_problems(cfg, info))
     n = cfg.instance_names()

@@ -522,7 +522,8 @@ def build(cfg: Config, info: HostInfo, journal: Journal) -> Upgrade:
     if registered != text:
         steps.append(Step(f"rewrite the register entry {n.register} (format {register.REGISTER_FORMAT})",
                           Call("register", (n.register, text), f"cat > {n.register} <<'EOF'\n{text.rstrip()}\nEOF"),
-                          undo=Call("register", (n.register, registered or ""), f"put back {n.register}")))
+                          undo=Call("register", (n.register, registered), f"put back {n.register}")
+                          if registered is not None else Call("unregister", (n.register,), f"rm {n.register}")))
     proxied = bool(plan.proxied(cfg))
     if proxied:
         with open(n.haproxy_cfg) as f:

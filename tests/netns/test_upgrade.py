@@ -17,8 +17,9 @@ kernel; its HAProxy connected from spare ports, this one from the client's own.
 
 How right is told from wrong. Every connection of the load is timed on CLOCK_MONOTONIC (which every
 namespace shares) and the test puts the upgrade on the same line. A first `pepctl upgrade` is
-killed (-9) right after it swapped the flow programs; the second rolls that back and upgrades.
-Then:
+killed (-9) right after it swapped the flow programs; the next command (a `reload`) rolls that
+back, and must leave the instance as it was (journal, register, HAProxy's config, pins, the program
+on c_in), then refuses; the second upgrade runs to the end. Then:
   (a) no connection failed, before, during or after the upgrades; long ones open across them went
       on answering (their last answers come after the upgrade ended);
   (b) the bypassed connection is still in the flow table as bypassed by rule, and this version's
@@ -50,7 +51,7 @@ import pytest
 
 from netns.addresses import ORIGIN4
 from netns.handle import PEPCTL, PYTHON
-from pepctl import flow_maps
+from pepctl import bpfsys, flow_maps, hostinfo
 from pepctl.nsutil import fresh_sysctls, read_sysctls
 from pepctl.runner import wait_for
 
@@ -218,6 +219,11 @@ def results(lab, proc: subprocess.Popen, timeout: float) -> list[dict]:
     return json.loads(out.splitlines()[-1])["connections"]
 
 
+def prog_id(path: str) -> int:
+    with bpfsys.Prog(path) as p:
+        return p.id
+
+
 def kill_after(proc: subprocess.Popen, line: str) -> str:
     """Reads the upgrade's output until line appears, then kill -9: what it had printed."""
     seen = ""
@@ -253,12 +259,15 @@ def upgraded(lab, inst):
         ready = [json.loads(p.stdout.readline())["ready"] for p in loads.values()]
         time.sleep(max(0.0, max(ready) + LOAD_BEFORE - time.monotonic()))
         out["cc before"] = cc_of(lab, SRC["proxied"])
+        out["state before"] = inst.state()
         out["T0"] = time.monotonic()
         first = subprocess.Popen(lab.argv("proxyhost", PEPCTL, "-c", inst.conf, "upgrade"), stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
         out["killed output"] = kill_after(first, KILL_AFTER)
         out["killed"] = time.monotonic()
         out["status after kill"] = inst.status()
+        out["reload after kill"] = inst.new("reload")
+        out["state after rollback"] = inst.state()
         second = inst.new("upgrade")
         out["T1"] = time.monotonic()
         out["upgrade"] = second
@@ -294,11 +303,17 @@ def split(conns: list[dict], t0: float, t1: float) -> str:
 def test_no_connection_is_lost(upgraded):
     u = upgraded
     assert u["upgrade"].returncode == 0, f"pepctl upgrade: exit {u['upgrade'].returncode}: {u['upgrade'].stderr}"
-    assert "did not finish: rolling it back" in u["upgrade"].stdout and "upgraded" in u["upgrade"].stdout, \
-        f"the second upgrade did not roll the killed one back first:\n{u['upgrade'].stdout}"
+    assert "upgraded" in u["upgrade"].stdout, u["upgrade"].stdout
     assert KILL_AFTER in u["killed output"], u["killed output"]
     assert any("upgrade` was cut short" in p for p in u["status after kill"]["problems"]), \
         f"status after the kill: {u['status after kill'].get('problems')}"
+    reload = u["reload after kill"]
+    assert "did not finish: rolling it back" in reload.stdout and reload.returncode == 1 and \
+        "brought up by an older pepctl" in reload.stderr, \
+        f"reload after the killed upgrade: exit {reload.returncode}: {reload.stdout}{reload.stderr}"
+    changed = {k for k in u["state before"] if u["state before"][k] != u["state after rollback"][k]}
+    assert not changed, f"the rollback of the killed upgrade left these changed: {changed}: " \
+                        f"{[(u['state before'][k], u['state after rollback'][k]) for k in changed]}"
     conns = u["load"] + u["proxied"] + u["bypassed"]
     failed = [c for c in conns if not c["ok"]]
     figures = split(u["load"], u["T0"], u["T1"])
@@ -379,3 +394,40 @@ def test_fail_open_is_in_the_datapath_after(lab, inst, upgraded):
     finally:
         os.kill(sup, signal.SIGCONT)
     wait_for(lambda: inst.status()["state"] == "up", timeout=10, what="HAProxy back after SIGCONT")
+
+
+def test_a_rebuilt_datapath_is_swapped_with_every_map_kept(lab, inst, upgraded):
+    """The same format, another datapath (tc/*.o rebuilt since up: here the journal is made to say
+    so): upgrade swaps the programs again, every map kept, and flow_conns in place (BPF_F_REPLACE:
+    never two counting, never none), so the count of a connection open across it stays right and
+    comes back to zero when it closes."""
+    root = hostinfo.cgroup2_root()
+    if root is None:
+        pytest.skip("no cgroup v2 hierarchy is mounted: flow_conns is not attached anywhere")
+    conns = os.path.join(inst.pins, "prog", flow_maps.CONNS_PROGRAM)
+    long = loadgen(lab, SRC["new"], "--workers", "0", "--long-every", "1", "--duration", "0.5",
+                   "--long-requests", "40", "--long-interval", "0.1")
+    try:
+        long.stdout.readline()
+        wait_for(lambda: flow_maps.read_conns(inst.pins, 0) >= 1, timeout=5, what="flow_conns to count the connection")
+        counted = flow_maps.read_conns(inst.pins, 0)
+        with open(inst.journal, "a") as f:
+            f.write(json.dumps({"meta": {"datapath": "a build of another checkout"}}) + "\n")
+        old_id = prog_id(conns)
+        proc = inst.new("upgrade", check=True)
+        [c] = results(lab, long, 30)
+    finally:
+        if long.poll() is None:
+            long.kill()
+            long.wait()
+    assert "kept (same layout)" in proc.stdout and "carry map" not in proc.stdout and "new (empty)" not in \
+        proc.stdout, proc.stdout
+    assert f"swap {flow_maps.CONNS_PROGRAM}" in proc.stdout and "BPF_F_REPLACE" in proc.stdout, proc.stdout
+    assert c["ok"], f"the connection across the swap: {c['error']}"
+    new_id = prog_id(conns)
+    attached = [p["id"] for p in json.loads(subprocess.run(["bpftool", "-j", "cgroup", "show", root],
+                                                           capture_output=True, text=True).stdout)]
+    assert new_id != old_id and new_id in attached and old_id not in attached, \
+        f"flow_conns on {root}: old {old_id}, new {new_id}, attached {attached}"
+    assert counted >= 1 and wait_for(lambda: flow_maps.read_conns(inst.pins, 0) == 0, timeout=5,
+                                     what="the count to come back to 0") is not None
