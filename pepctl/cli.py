@@ -72,7 +72,22 @@ def cmd_plan(args, out) -> int:
     return 0
 
 
+def _unbuilt(cfg, command: str) -> bool:
+    """This checkout's datapath is not built (said): nothing to upgrade to."""
+    missing = [obj for obj, _ in plan.datapath(cfg).values() if not os.path.exists(obj)]
+    if missing:
+        print(f"pepctl {command}: {', '.join(missing)} not built: run scripts/setup (it builds the datapath); "
+              "nothing was changed", file=sys.stderr)
+    return bool(missing)
+
+
 def _plan_upgrade(cfg, info, args, out) -> int:
+    if os.geteuid() != 0:
+        print("pepctl plan --upgrade: must run as root (it reads the running instance's journal and BPF maps)",
+              file=sys.stderr)
+        return 1
+    if _unbuilt(cfg, "plan --upgrade"):
+        return 1
     checks.refuse(checks.host_problems(cfg, info))
     journal = Journal(cfg.instance_names().journal)
     if not journal.complete:
@@ -141,6 +156,8 @@ def cmd_up(args, out) -> int:
     # Before the lock: it is a file in run_dir, and a run_dir that cannot be (under a file, on /proc)
     # is the config's fault, said as plan says it.
     checks.refuse(checks.host_problems(cfg, info))
+    if _unbuilt(cfg, "up"):
+        return 1
     with locked(cfg, "up", args) as lock:
         journal = Journal(n.journal)
         if journal.exists and journal.complete:
@@ -269,6 +286,8 @@ def cmd_upgrade(args, out) -> int:
               "mend the config, and bring it up with this one; nothing was changed", file=sys.stderr)
         return 2
     _, digest = read_config(args.config)
+    if _unbuilt(cfg, "upgrade"):
+        return 1
     checks.refuse(checks.host_problems(cfg, info))
     n = cfg.instance_names()
     with locked(cfg, "upgrade", args):
