@@ -59,7 +59,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from . import bypass, congestion, drain, flow_maps, layouts, nsutil, plan, register, reload, routing, service
+from . import bpfsys, bypass, congestion, drain, flow_maps, layouts, nsutil, plan, register, reload, routing, service
 from .config import Config
 from .hostinfo import HostInfo
 from .names import in_netns, staged_pins, unit_name
@@ -172,8 +172,12 @@ def parts(cfg: Config) -> list[Part]:
         decisions = {m: layouts.decide(m, old.get(m), d, refilled=REFILLED[name], remap=REMAPS)
                      for m, d in new.items()}
         refused += [f"map {live}/maps/{d.name}: {d.why}" for d in decisions.values() if d.action == "refuse"]
-        with plan.bpfsys.Prog(os.path.join(live, "prog", MARKERS[name])) as marker:
-            marker_id = marker.id
+        try:
+            with bpfsys.Prog(os.path.join(live, "prog", MARKERS[name])) as marker:
+                marker_id = marker.id
+        except (OSError, ValueError) as e:
+            raise Refused(f"{live}/prog/{MARKERS[name]}: {e}: the instance is damaged; `pepctl down` then "
+                          "`pepctl up`") from None
         out.append(Part(name, obj, live, staged, decisions, sorted(os.listdir(os.path.join(live, "prog"))),
                         sorted(set(old) - set(new)), marker_id))
     if refused:
@@ -229,7 +233,7 @@ def merge(old: list[dict], build: list[dict], made: list[dict]) -> list[dict]:
         i = _find(b, old, at)
         if i is not None:
             out += old[at:i]
-            out.append(b if _strict(b) != _strict(old[i]) else old[i])
+            out.append(b)
             at = i + 1
             at = orphans()
         elif _strict(b) in made_keys:
@@ -264,7 +268,7 @@ def _which_id(live: str, marker: str) -> int | None:
     path = os.path.join(live, "prog", marker)
     if not os.path.exists(path):
         return None
-    with plan.bpfsys.Prog(path) as p:
+    with bpfsys.Prog(path) as p:
         return p.id
 
 
