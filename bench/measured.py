@@ -377,7 +377,9 @@ def scale_out_table(d: dict, args: list[str], runs: Runs) -> list[str]:
               ["`pepctl drain` of ph1 (3 hosts)", str(ev["drain"]["failed"]), num(ev["drain"]["ok"]), "-"],
               ["ph2's NIC down (3 hosts)", str(ev["kill"]["failed"]), num(ev["kill"]["ok"]),
                f"{ev['kill']['recovered_s']:.2f} s"]]
-    return md_table(rows) + [""] + md_table(events)
+    # Runs before the cluster lab defaulted to bpf interception name none: they used nft.
+    mode = f"The hosts intercept with `{d.get('interception', 'nft')}`."
+    return [mode, ""] + md_table(rows) + [""] + md_table(events)
 
 
 RESPONSIVENESS = (("bulk_mbps", ".2f"), ("small_p50_ms", ",.0f"), ("small_p95_ms", ",.0f"), ("small_p99_ms", ",.0f"),

@@ -24,6 +24,7 @@ from contextlib import ExitStack
 from matplotlib.colors import LogNorm
 
 from netns.handle import LabHandle
+from netns.lab import DEFAULT_CONGESTION
 from netns.workloads import OBJECTS, download, set_link, set_mode, upload
 
 from .common import RESULTS, git_rev, labs, median, write_report
@@ -167,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shorts", type=int, default=5, help="100 KB flows per measurement (0: none)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cap", type=float, default=60, help="seconds a transfer may take (then: what arrived)")
-    ap.add_argument("--congestion", default="bbr", help="the PEP's congestion control toward the subscriber "
-                    "(pep_radio, bbr, cubic...)")
+    ap.add_argument("--congestion", default=DEFAULT_CONGESTION, help="the PEP's congestion control toward the "
+                    f"subscriber (default {DEFAULT_CONGESTION}, a proxy host's; bbr, cubic...)")
     ap.add_argument("--name", default="pep-gain", help="results/NAME.json and .png")
     args = ap.parse_args(argv)
     if any(s not in OBJECTS for s in args.sizes):

@@ -1,13 +1,13 @@
 """bench scale-out: proxy hosts behind routers (netns/cluster.py): what a host adds, what an event costs.
 
-Three cluster labs side by side, with 1, 2 and 3 proxy hosts (pep-lab up --hosts N), measured
-alternately REPS times: pep-replay's 1 KB transactions, one per connection, from 240 subscriber
-addresses that fall in all 8 shares, at a fixed concurrency. Reported per lab: transactions/s,
-the machine's CPU time per transaction (busy time of all CPUs from /proc/stat over the run,
-client, routers and origin included), failed transactions, and ratios to 1 host paired rep by
-rep. On this 2-core machine every host shares the same two cores: more hosts cannot add
-capacity here, and the figure says what the cluster's machinery costs; on real hosts capacity
-adds up.
+Three cluster labs side by side, with 1, 2 and 3 proxy hosts (pep-lab up --hosts N, interception
+bpf unless --interception says otherwise), measured alternately REPS times: pep-replay's 1 KB
+transactions, one per connection, from 240 subscriber addresses that fall in all 8 shares (IPv4),
+at a fixed concurrency. Reported per lab: transactions/s, the machine's CPU time per transaction
+(busy time of all CPUs from /proc/stat over the run, client, routers and origin included), failed
+transactions, and ratios to 1 host paired rep by rep. On this 2-core machine every host shares
+the same two cores: more hosts cannot add capacity here, and the figure says what the cluster's
+machinery costs; on real hosts capacity adds up.
 
 Then the events, each under the same load for EVENT_SECONDS with the event at EVENT_AT:
   add    pep-lab add-host on the 2-host lab (it becomes 3): ph3 comes up, the others reload;
@@ -116,13 +116,15 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--interception", choices=("bpf", "nft", "route"), default="bpf",
+                    help="the hosts' interception (default bpf, the appliance's default)")
     args = ap.parse_args()
     names = {n: f"{n} host{'s' if n > 1 else ''}" for n in HOSTS}
     raw = {n: {"tps": [], "cpu_us_per_tx": [], "failed": []} for n in HOSTS}
     with ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="plbench-"))
         profile = compile_profile(tmp, "http_small.py", "1k")
-        lab = labs(stack, {n: ["--hosts", str(n)] for n in HOSTS})
+        lab = labs(stack, {n: ["--hosts", str(n), "--interception", args.interception] for n in HOSTS})
         servers = {}
         for n in HOSTS:
             add_addresses(lab[n])
@@ -182,8 +184,9 @@ def main() -> int:
         return fig
 
     write_report("scale-out", {"reps": args.reps, "seconds": args.seconds, "concurrency": args.concurrency,
-                               "commit": git_rev(), "command": "./scripts/bench scale-out", "medians": med,
-                               "ratios": ratios, "events": events, "samples": raw}, table, plot)
+                               "interception": args.interception, "commit": git_rev(),
+                               "command": f"./scripts/bench scale-out --interception {args.interception}",
+                               "medians": med, "ratios": ratios, "events": events, "samples": raw}, table, plot)
     return 0
 
 

@@ -23,6 +23,7 @@ from bench.common import print_table, write_report
 from bench.pep_gain import run_grid
 from netns.addresses import CLIENT4, ORIGIN4, ORIGIN_URL4, ORIGIN_URL6
 from netns.handle import LabHandle
+from netns.lab import DEFAULT_CONGESTION
 from netns.workloads import one_run, set_mode, set_profile
 
 
@@ -51,13 +52,13 @@ def show_split_flow(lab: LabHandle) -> None:
             lines = lab.run("pep", "ss", "-tinH", "state", "established").stdout.splitlines()
             for head, info in zip(lines[::2], lines[1::2], strict=False):
                 peer = head.split()[-1]
-                cc = re.search(r"\b(bbr|cubic|reno)\b", info)
+                cc = re.search(rf"\b({DEFAULT_CONGESTION}|bbr|cubic|reno)\b", info)
                 if cc and peer.startswith(f"{CLIENT4}:"):
                     found["client"] = (peer, cc.group(1))
                 elif cc and peer == f"{ORIGIN4}:80":
                     found["origin"] = (peer, cc.group(1))
             time.sleep(0.1)
-        for side, want in (("client", "bbr"), ("origin", "cubic")):
+        for side, want in (("client", DEFAULT_CONGESTION), ("origin", "cubic")):
             peer, cc = found.get(side, ("?", "not seen"))
             mark = "ok" if cc == want else f"EXPECTED {want}"
             say(f"   socket toward the {side:<6} ({peer:<18}) congestion control: {cc:<6} [{mark}]")

@@ -8,9 +8,11 @@ in a namespace the lab made, and no traffic leaves the machine.
     VLANs        access 100, origin 200
 
 The cluster lab (netns/cluster.py) puts its proxy hosts on a segment per side, behind a router:
-access 198.18.64.0/24 (router ra .1, host I .10+I), origin 198.19.64.0/24 (router ro .1, host I
-.10+I); the subscribers 198.18.0.0/24 split into 8 shares, each with an anchor in 198.18.96.0/27;
-the client has one address in every share. AS numbers: ra 65001, ro 65002, host I 65010+I.
+access 198.18.64.0/24 and 2001:2:0:164::/64 (router ra .1 and ::1, host I .10+I and ::1I), origin
+198.19.64.0/24 and 2001:2:0:264::/64 (router ro, the same); the subscribers 198.18.0.0/24 and
+2001:2:0:1::/64 split into 8 shares (a /27 and a /67 each), with anchors in 198.18.96.0/27 and
+2001:2:0:196::/64; the client has one address of each family in every share. AS numbers: ra
+65001, ro 65002, host I 65010+I.
 """
 
 from __future__ import annotations
@@ -38,24 +40,35 @@ ORIGIN_URL4, ORIGIN_URL6 = f"http://{ORIGIN4}", f"http://[{ORIGIN6}]"
 # -- the cluster lab ------------------------------------------------------------------------------
 SHARES = 8
 SUBSCRIBERS = ipaddress.IPv4Network(ACCESS_NET4)
+SUBSCRIBERS6 = ipaddress.IPv6Network(ACCESS_NET6)
 ANCHORS = ipaddress.IPv4Network("198.18.96.0/27")
+ANCHORS6 = ipaddress.IPv6Network("2001:2:0:196::/64")
 ROUTER_ASN = {"ra": 65001, "ro": 65002}
 HOST_ASN_BASE = 65010
 SEGMENT = {"access": ipaddress.IPv4Network("198.18.64.0/24"), "origin": ipaddress.IPv4Network("198.19.64.0/24")}
+SEGMENT6 = {"access": ipaddress.IPv6Network("2001:2:0:164::/64"),
+            "origin": ipaddress.IPv6Network("2001:2:0:264::/64")}
 
 
-def router_address(side: str) -> ipaddress.IPv4Address:
-    return SEGMENT[side].network_address + 1
+def segment(side: str, version: int = 4) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    return (SEGMENT if version == 4 else SEGMENT6)[side]
 
 
-def host_address(side: str, host: int) -> ipaddress.IPv4Address:
-    return SEGMENT[side].network_address + 10 + host
+def router_address(side: str, version: int = 4) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    return segment(side, version).network_address + 1
+
+
+def host_address(side: str, host: int, version: int = 4) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """Host I's address on a router's segment: .10+I, or ::1I (the same digits, in hex)."""
+    return segment(side, version).network_address + (10 + host if version == 4 else int(str(10 + host), 16))
 
 
 def host_name(i: int) -> str:
     return f"ph{i}"
 
 
-def client_address(share: int) -> str:
-    """The client's address in share k."""
-    return str(SUBSCRIBERS.network_address + 32 * share + 10)
+def client_address(share: int, version: int = 4) -> str:
+    """The client's address in share k: the share's first address + 10 (hex 10 in IPv6)."""
+    net = SUBSCRIBERS if version == 4 else SUBSCRIBERS6
+    size = net.num_addresses // SHARES
+    return str(net.network_address + size * share + (10 if version == 4 else 0x10))

@@ -7,21 +7,25 @@
   origin -- eth0 -- ro --+-- h1 -- sw1, h2 -- sw2, ...
   (origin router, FRR)
 
-Subscribers 198.18.0.0/24 are split into 8 shares (/27); each has a primary host and a backup
-(rendezvous hash, pepctl/routing.py). Every host's pepctl config names the whole cluster in its
-[routing] table; pepctl renders its FRR config from it and starts FRR with `up`.
+Subscribers 198.18.0.0/24 and 2001:2:0:1::/64 are split into 8 shares (a /27 and a /67 each);
+each has a primary host and a backup (rendezvous hash, pepctl/routing.py). Every host's pepctl
+config names the whole cluster in its [routing] table; pepctl renders its FRR config from it and
+starts FRR with `up`. Every link is dual stack, and each family has its own BGP sessions.
 
-  ra  sends a subscriber's traffic by its source: a policy rule per share (from 198.18.0.32k/27,
-      in from the clients) looks up table 100+k, where FRR keeps a default route toward the
-      share's anchor 198.18.96.k, a /32 that the share's hosts announce over BGP;
+  ra  sends a subscriber's traffic by its source: a policy rule per share and family (from
+      198.18.0.32k/27 or 2001:2:0:1:(2000k)::/67, in from the clients) looks up table 100+k,
+      where FRR keeps a default route of each family toward the share's anchor, 198.18.96.k or
+      2001:2:0:196::k, a /32 or /128 that the share's hosts announce over BGP;
   ro  sends the answers by their destination: the share prefixes the hosts announce.
 The routers wait for the hosts' sessions (passive): a graph's addresses take no connections.
 
 Each router has one segment for the hosts (a bridge, "hosts", over its links hI): access
-198.18.64.0/24 (ra .1, host I's c_in .10+I), origin 198.19.64.0/24 (ro .1, host I's s_in .10+I).
-On it a draining host hands new flows to another host directly. The client has one address in
-every share, 198.18.0.(32k+10). ASNs: ra 65001, ro 65002, host I 65010+I. IPv4 only. The hosts
-intercept with nft: bfdd's packet socket rules out bpf (docs/routing.md).
+198.18.64.0/24 and 2001:2:0:164::/64 (ra .1 and ::1, host I's c_in .10+I and ::1I), origin
+198.19.64.0/24 and 2001:2:0:264::/64 (ro and host I's s_in, the same). On it a draining host
+hands new flows to another host directly. The client has one address of each family in every
+share, 198.18.0.(32k+10) and 2001:2:0:1:(2000k)::10. ASNs: ra 65001, ro 65002, host I 65010+I.
+The hosts intercept with bpf unless --interception says otherwise (pepctl binds bfdd's packet
+socket to lo: docs/routing.md).
 """
 
 from __future__ import annotations
@@ -40,19 +44,23 @@ from pepctl.runner import Call, Journal, Step, action, daemon_step, wait_for
 
 from .addresses import (
     ANCHORS,
+    ANCHORS6,
     CLIENT,
     CLIENT4,
+    CLIENT6,
     HOST_ASN_BASE,
     ORIGIN,
     ORIGIN4,
+    ORIGIN6,
     ORIGIN_URL4,
     ROUTER_ASN,
-    SEGMENT,
     SHARES,
     SUBSCRIBERS,
+    SUBSCRIBERS6,
     client_address,
     host_address,
     router_address,
+    segment,
 )
 from .configs import cluster_host, toml_text
 from .lab import (
@@ -72,6 +80,7 @@ HOSTS_MAX = 4
 SHARE_TABLE_BASE = 100     # ra: share k's routes are in table 100+k
 SHARE_RULE_PREF = 1000     # ... looked up by rule 1000+k
 BFD_INTERVAL_MS, BFD_MULTIPLIER = 100, 3
+ANCHOR_FOLLOW = os.path.join(os.path.dirname(os.path.abspath(__file__)), "anchor_follow.py")
 
 
 def pep_config(prefix: str, run_dir: str, i: int, hosts: int, opts: argparse.Namespace) -> str:
@@ -87,63 +96,81 @@ def pep_config(prefix: str, run_dir: str, i: int, hosts: int, opts: argparse.Nam
 
 
 def router_bgpd(router: str, router_id: str) -> str:
-    """A router's bgpd: sessions with BFD to whichever host of the segment opens one; from them,
-    anchors (ra) or share prefixes (ro); to them, nothing."""
+    """A router's bgpd: sessions with BFD to whichever host of the segment opens one, IPv4 and IPv6
+    (a peer group each); from them, anchors (ra) or share prefixes (ro); to them, nothing."""
     side = "access" if router == "ra" else "origin"
-    wanted = f"{ANCHORS} ge 32" if router == "ra" else f"{SUBSCRIBERS} ge {SUBSCRIBERS.prefixlen + 1}"
+    wanted = {4: f"{ANCHORS} ge 32", 6: f"{ANCHORS6} ge 128"} if router == "ra" else \
+        {4: f"{SUBSCRIBERS} ge {SUBSCRIBERS.prefixlen + 1}", 6: f"{SUBSCRIBERS6} ge {SUBSCRIBERS6.prefixlen + 1}"}
     lines = ["frr defaults datacenter", f"hostname {router}", "!",
-             f"ip prefix-list pep-shares seq 5 permit {wanted}",
+             f"ip prefix-list pep-shares seq 5 permit {wanted[4]}",
+             f"ipv6 prefix-list pep-shares seq 5 permit {wanted[6]}",
              "route-map from-hosts permit 10", " match ip address prefix-list pep-shares",
+             "route-map from-hosts permit 20", " match ipv6 address prefix-list pep-shares",
              "route-map nothing deny 10", "!",
              f"router bgp {ROUTER_ASN[router]}", f" bgp router-id {router_id}", " no bgp ebgp-requires-policy",
-             " neighbor hosts peer-group", " neighbor hosts remote-as external",
-             " neighbor hosts bfd", " neighbor hosts bfd profile pep",
-             # Any host on the segment may open a session: adding one changes nothing here.
-             f" bgp listen range {SEGMENT[side]} peer-group hosts",
-             # One path per prefix: FRR's datacenter defaults would spread a prefix two hosts announce
-             # alike over both (ECMP), and the two routers would not hash a flow to the same one.
-             " address-family ipv4 unicast", "  maximum-paths 1", "  neighbor hosts route-map from-hosts in",
-             "  neighbor hosts route-map nothing out", " exit-address-family", "!"]
-    return "\n".join(lines) + "\n"
+             " no bgp default ipv4-unicast"]
+    for v in (4, 6):
+        group = f"hosts{v}"
+        lines += [f" neighbor {group} peer-group", f" neighbor {group} remote-as external",
+                  f" neighbor {group} bfd", f" neighbor {group} bfd profile pep",
+                  # Any host on the segment may open a session: adding one changes nothing here.
+                  f" bgp listen range {segment(side, v)} peer-group {group}"]
+    for v in (4, 6):
+        group = f"hosts{v}"
+        # One path per prefix: FRR's datacenter defaults would spread a prefix two hosts announce
+        # alike over both (ECMP), and the two routers would not hash a flow to the same one.
+        lines += [f" address-family {routing.AFI[v]}", "  maximum-paths 1", f"  neighbor {group} activate",
+                  f"  neighbor {group} route-map from-hosts in", f"  neighbor {group} route-map nothing out",
+                  " exit-address-family"]
+    return "\n".join(lines + ["!"]) + "\n"
 
 
 def ra_staticd() -> str:
-    """Share k's table: a default route toward its anchor, which FRR resolves through BGP."""
+    """Share k's table: an IPv4 default route toward the share's anchor, which FRR resolves through
+    BGP. (IPv6: netns/anchor_follow.py, as FRR 8.4 does not follow an IPv6 anchor's route.)"""
     return "hostname ra\n" + "".join(f"ip route 0.0.0.0/0 {routing.anchor_of(ANCHORS, k)} table "
                                      f"{SHARE_TABLE_BASE + k}\n" for k in range(SHARES))
 
 
-def share_rules() -> str:
-    """ra's policy rules (ip -batch): a share's traffic from the clients looks up the share's table."""
-    nets = list(SUBSCRIBERS.subnets(prefixlen_diff=(SHARES - 1).bit_length()))
+def share_nets(version: int) -> list:
+    net = SUBSCRIBERS if version == 4 else SUBSCRIBERS6
+    return list(net.subnets(prefixlen_diff=(SHARES - 1).bit_length()))
+
+
+def share_rules(version: int) -> str:
+    """ra's policy rules of one family (ip -batch, -6 for IPv6): a share's traffic from the clients
+    looks up the share's table."""
     return "".join(f"rule add pref {SHARE_RULE_PREF + k} from {net} iif eth0 lookup {SHARE_TABLE_BASE + k}\n"
-                   for k, net in enumerate(nets))
+                   for k, net in enumerate(share_nets(version)))
 
 
-def best_hosts(folder: str, router: str) -> dict[str, int]:
-    """The host a router sends each share to, by its BGP best paths: prefix (ro) or anchor (ra) ->
-    host number."""
-    out = subprocess.run(routing.vtysh_argv(os.path.join(folder, router), "show ip bgp json"), capture_output=True,
-                         text=True)
+def best_hosts(folder: str, router: str, version: int) -> dict[str, int]:
+    """The host a router sends each share to, by its BGP best paths of one family: prefix (ro) or
+    anchor (ra) -> host number."""
+    out = subprocess.run(routing.vtysh_argv(os.path.join(folder, router), f"show bgp {routing.AFI[version]} json"),
+                         capture_output=True, text=True)
     try:
         routes = json.loads(out.stdout).get("routes", {})
     except json.JSONDecodeError:
         return {}
     side = "access" if router == "ra" else "origin"
-    by_address = {str(host_address(side, i)): i for i in range(1, HOSTS_MAX + 1)}
+    by_address = {str(host_address(side, i, version)): i for i in range(1, HOSTS_MAX + 1)}
     best = {}
     for prefix, paths in routes.items():
         chosen = [p for p in paths if p.get("bestpath")]
         if chosen:
-            best[prefix] = by_address.get(chosen[0]["nexthops"][0]["ip"], 0)
+            # An IPv6 path has the host's global address and its link-local one.
+            hops = [h["ip"] for h in chosen[0]["nexthops"]]
+            best[prefix] = next((by_address[h] for h in hops if h in by_address), 0)
     return best
 
 
-def share_hosts(folder: str) -> dict[int, tuple[int | None, int | None]]:
-    """share -> (the host ra sends it to, the host ro sends it to)."""
-    ra, ro = best_hosts(folder, "ra"), best_hosts(folder, "ro")
-    prefixes = list(SUBSCRIBERS.subnets(prefixlen_diff=(SHARES - 1).bit_length()))
-    return {k: (ra.get(f"{routing.anchor_of(ANCHORS, k)}/32"), ro.get(str(prefixes[k]))) for k in range(SHARES)}
+def share_hosts(folder: str, version: int = 4) -> dict[int, tuple[int | None, int | None]]:
+    """share -> (the host ra sends it to, the host ro sends it to), for one family."""
+    ra, ro = best_hosts(folder, "ra", version), best_hosts(folder, "ro", version)
+    anchors = ANCHORS if version == 4 else ANCHORS6
+    return {k: (ra.get(str(routing.host_route(routing.anchor_of(anchors, k)))), ro.get(str(net)))
+            for k, net in enumerate(share_nets(version))}
 
 
 def primaries(config: str) -> dict[int, tuple[int, int]]:
@@ -154,10 +181,10 @@ def primaries(config: str) -> dict[int, tuple[int, int]]:
 
 @action("cluster_converged")
 def converged(folder: str, config: str, timeout: float = 60) -> None:
-    """Waits until both routers send every share to its primary host."""
+    """Waits until both routers send every share of both families to its primary host."""
     want = primaries(config)
-    wait_for(lambda: share_hosts(folder) == want, timeout=timeout, interval=0.2,
-             what=f"both routers to send every share to its primary ({want})")
+    wait_for(lambda: all(share_hosts(folder, v) == want for v in (4, 6)), timeout=timeout, interval=0.2,
+             what=f"both routers to send every share to its primary, IPv4 and IPv6 ({want})")
 
 
 class ClusterLab(Lab):
@@ -204,14 +231,20 @@ class ClusterLab(Lab):
             steps += [Step(f"bring up {r}/lo", ["ip", "-n", r, "link", "set", "lo", "up"]),
                       Step(f"address {lan[2]}/24 on {r}/eth0", ["ip", "-n", r, "addr", "add", f"{lan[2]}/24",
                                                                 "dev", "eth0"]),
+                      Step(f"address {lan[3]}/64 on {r}/eth0", ["ip", "-n", r, "addr", "add", f"{lan[3]}/64",
+                                                                "dev", "eth0", "nodad"]),
                       Step(f"bring up {r}/eth0", ["ip", "-n", r, "link", "set", "eth0", "up"]),
                       sysctl_step(r, "net.ipv4.ip_forward=1", f"forwarding in {r}"),
-                      Step(f"bridge {r}/hosts", ["ip", "-n", r, "link", "add", "hosts", "type", "bridge"]),
-                      Step(f"address {router_address(side)} on {r}/hosts",
-                           ["ip", "-n", r, "addr", "add", f"{router_address(side)}/{SEGMENT[side].prefixlen}",
-                            "dev", "hosts"]),
-                      Step(f"bring up {r}/hosts", ["ip", "-n", r, "link", "set", "hosts", "up"])]
-        steps.append(Step(f"share rules of {n['ra']}", ["ip", "-n", n["ra"], "-batch", "-"], input=share_rules()))
+                      sysctl_step(r, "net.ipv6.conf.all.forwarding=1", f"IPv6 forwarding in {r}"),
+                      Step(f"bridge {r}/hosts", ["ip", "-n", r, "link", "add", "hosts", "type", "bridge"])]
+            for v in (4, 6):
+                addr = f"{router_address(side, v)}/{segment(side, v).prefixlen}"
+                steps.append(Step(f"address {addr} on {r}/hosts", ["ip", "-n", r, "addr", "add", addr, "dev", "hosts",
+                                                                  *(["nodad"] if v == 6 else [])]))
+            steps.append(Step(f"bring up {r}/hosts", ["ip", "-n", r, "link", "set", "hosts", "up"]))
+        for v in (4, 6):
+            steps.append(Step(f"IPv{v} share rules of {n['ra']}", ["ip", "-n", n["ra"], f"-{v}", "-batch", "-"],
+                              input=share_rules(v)))
         steps += self.router_frr_steps(n)
         for i in range(1, self.hosts + 1):
             steps += self.host_steps(i, self.hosts, opts)
@@ -295,23 +328,25 @@ class ClusterLab(Lab):
 
     def end_host_steps(self, n: dict) -> list[Step]:
         steps = []
-        for host, router, (a4, a6, gw4, _) in (("client", "ra", CLIENT), ("origin", "ro", ORIGIN)):
+        for host, router, (a4, a6, gw4, gw6) in (("client", "ra", CLIENT), ("origin", "ro", ORIGIN)):
             ns = n[host]
             steps += [Step(f"cable {ns} <-> {n[router]}", ["ip", "-n", ns, "link", "add", "eth0", "type", "veth",
                                                            "peer", "name", "eth0", "netns", n[router]]),
                       Step(f"bring up {ns}/lo", ["ip", "-n", ns, "link", "set", "lo", "up"]),
                       Step(f"address {a4} on {ns}/eth0", ["ip", "-n", ns, "addr", "add", a4, "dev", "eth0"]),
-                      # The lab's nginx listens on both; the cluster lab routes IPv4 only.
                       Step(f"address {a6} on {ns}/eth0", ["ip", "-n", ns, "addr", "add", a6, "dev", "eth0",
                                                           "nodad"]),
                       Step(f"bring up {ns}/eth0", ["ip", "-n", ns, "link", "set", "eth0", "up"]),
                       Step(f"default route of {ns}", ["ip", "-n", ns, "route", "add", "default", "via", gw4,
-                                                      "congctl", "cubic"])]
+                                                      "congctl", "cubic"]),
+                      Step(f"IPv6 default route of {ns}", ["ip", "-n", ns, "-6", "route", "add", "default", "via",
+                                                           gw6, "congctl", "cubic"])]
             steps += [sysctl_step(ns, f"{key}={value}") for key, value in END_HOST_SYSCTLS]
-        # One client address in every share: a test picks a share by its source address.
-        steps += [Step(f"client address {client_address(k)}", ["ip", "-n", n["client"], "addr", "add",
-                                                               f"{client_address(k)}/24", "dev", "eth0"])
-                  for k in range(1, SHARES)]
+        # One client address of each family in every share: a test picks a share by its source address.
+        steps += [Step(f"client address {client_address(k, v)}", ["ip", "-n", n["client"], "addr", "add",
+                                                                  f"{client_address(k, v)}/{24 if v == 4 else 64}",
+                                                                  "dev", "eth0", *(["nodad"] if v == 6 else [])])
+                  for v in (4, 6) for k in range(1, SHARES)]
         return steps
 
     def router_frr_steps(self, n: dict) -> list[Step]:
@@ -335,6 +370,13 @@ class ClusterLab(Lab):
                                              routing.frr_file(folder, daemon, "pid"),
                                              routing.frr_file(folder, daemon, "out"),
                                              lambda vty=vty: os.path.exists(vty)))
+        folder, ready = self.frr_folder("ra"), os.path.join(self.frr_folder("ra"), "anchor_follow.ready")
+        steps.append(daemon_step(f"start the IPv6 anchor follower in {n['ra']}",
+                                 in_netns(n["ra"], [sys.executable, ANCHOR_FOLLOW, "--anchors",
+                                                    str(ANCHORS6), "--shares", str(SHARES), "--table-base",
+                                                    str(SHARE_TABLE_BASE), "--ready", ready]),
+                                 os.path.join(folder, "anchor_follow.pid"), os.path.join(folder, "anchor_follow.out"),
+                                 lambda: os.path.exists(ready)))
         return steps
 
     def status(self, as_json: bool) -> int:
@@ -344,10 +386,10 @@ class ClusterLab(Lab):
         present = {node: os.path.exists(f"/run/netns/{self.netns(node)}") for node in self.nodes}
         routers = {}
         for router in ("ra", "ro"):
-            out = subprocess.run(routing.vtysh_argv(self.frr_folder(router), "show bgp ipv4 unicast summary json"),
+            out = subprocess.run(routing.vtysh_argv(self.frr_folder(router), "show bgp summary json"),
                                  capture_output=True, text=True)
             try:
-                peers = json.loads(out.stdout).get("peers", {})
+                peers = routing.summary_peers(out.stdout)
                 routers[router] = {addr: {"state": p.get("state"), "prefixes": p.get("pfxRcd")}
                                    for addr, p in peers.items()}
             except json.JSONDecodeError:
@@ -367,11 +409,11 @@ class ClusterLab(Lab):
 
     def print_topology(self) -> None:
         p = self.prefix
-        print(f"\n  {p}-client {CLIENT4} (+ .42 .74 ... one per share) -- {p}-ra (access router) --+")
+        print(f"\n  {p}-client {CLIENT4} {CLIENT6} (+ .42 :2000::10 ... one per share) -- {p}-ra (access router) --+")
         for i in range(1, self.hosts + 1):
             print(f"      h{i} -- {p}-sw{i} == {p}-ph{i} [pepctl {p}{i}: graph {p}{i}-pep, FRR AS "
                   f"{HOST_ASN_BASE + i}]")
-        print(f"  {p}-origin {ORIGIN4} nginx :80 -- {p}-ro (origin router) -- h1..h{self.hosts}")
+        print(f"  {p}-origin {ORIGIN4} {ORIGIN6} nginx :80 -- {p}-ro (origin router) -- h1..h{self.hosts}")
         print(f"\n  try: ./scripts/pep-lab exec client -- curl -s --interface {client_address(3)} "
               f"{ORIGIN_URL4}/\n       ./scripts/pep-lab exec ro -- vtysh --vty_socket "
               f"{self.frr_folder('ro')} -c 'show ip bgp'")

@@ -15,16 +15,18 @@ from .addresses import (
     ACCESS_ADDRESSES,
     ACCESS_VLAN,
     ANCHORS,
+    ANCHORS6,
     HOST_ASN_BASE,
     ORIGIN_ADDRESSES,
     ORIGIN_VLAN,
     ROUTER_ASN,
-    SEGMENT,
     SHARES,
     SUBSCRIBERS,
+    SUBSCRIBERS6,
     host_address,
     host_name,
     router_address,
+    segment,
 )
 
 
@@ -48,25 +50,28 @@ def second_graph(name: str = "g2") -> dict:
 
 
 def routing_table(i: int, hosts: int, **extra) -> dict:
-    """[routing] of the cluster lab's host I among hosts 1..hosts (netns/addresses.py); extra: more
-    keys (bfd, assign)."""
-    members = [{"name": host_name(h), **{side: str(host_address(side, h)) for side in ("access", "origin")}}
+    """[routing] of the cluster lab's host I among hosts 1..hosts (netns/addresses.py), IPv4 and
+    IPv6; extra: more keys (bfd, assign)."""
+    members = [{"name": host_name(h), **{side: [str(host_address(side, h, v)) for v in (4, 6)]
+                                         for side in ("access", "origin")}}
                for h in range(1, hosts + 1)]
-    peers = [{"side": side, "address": str(router_address(side)), "asn": ROUTER_ASN[router]}
-             for side, router in (("access", "ra"), ("origin", "ro"))]
-    return {"asn": HOST_ASN_BASE + i, "host": host_name(i), "subscribers": str(SUBSCRIBERS), "shares": SHARES,
-            "anchors": str(ANCHORS), "hosts": members, **extra, "peer": peers}
+    peers = [{"side": side, "address": str(router_address(side, v)), "asn": ROUTER_ASN[router]}
+             for side, router in (("access", "ra"), ("origin", "ro")) for v in (4, 6)]
+    return {"asn": HOST_ASN_BASE + i, "host": host_name(i), "subscribers": [str(SUBSCRIBERS), str(SUBSCRIBERS6)],
+            "shares": SHARES, "anchors": [str(ANCHORS), str(ANCHORS6)], "hosts": members, **extra, "peer": peers}
 
 
 def cluster_host(i: int, hosts: int, *, congestion: str | None = None, routing: dict | None = None, **kw) -> dict:
     """The cluster lab's host I: one graph on the routers' segments (its subscribers behind ra, the
-    origin behind ro), and [routing]. kw: one_graph's (instance, nic, host, proxy, name...)."""
-    access = {"addresses": [f"{host_address('access', i)}/{SEGMENT['access'].prefixlen}"],
-              "prefixes": [str(SUBSCRIBERS)], "gateways": [str(router_address("access"))]}
+    origin behind ro), IPv4 and IPv6, and [routing]. kw: one_graph's (instance, nic, host, proxy,
+    name...)."""
+    def side(name: str, prefixes: list[str]) -> dict:
+        return {"addresses": [f"{host_address(name, i, v)}/{segment(name, v).prefixlen}" for v in (4, 6)],
+                "prefixes": prefixes, "gateways": [str(router_address(name, v)) for v in (4, 6)]}
+    access = side("access", [str(SUBSCRIBERS), str(SUBSCRIBERS6)])
     if congestion:
         access["congestion"] = congestion
-    origin = {"addresses": [f"{host_address('origin', i)}/{SEGMENT['origin'].prefixlen}"],
-              "prefixes": ["0.0.0.0/0"], "gateways": [str(router_address("origin"))]}
+    origin = side("origin", ["0.0.0.0/0", "::/0"])
     return {**one_graph(access=access, origin=origin, **kw), "routing": routing_table(i, hosts, **(routing or {}))}
 
 

@@ -31,6 +31,7 @@ import sys
 
 from linkem import profiles
 from pepctl import runner
+from pepctl.config.schema import DEFAULT_CONGESTION as PEPCTL_DEFAULT_CONGESTION
 from pepctl.names import in_netns
 from pepctl.plan import mkdir_step, port_attach_batch, steer_ports_step, steering_load_steps, trunk_attach_step
 from pepctl.runner import Call, Journal, Step, daemon_step
@@ -62,7 +63,7 @@ END_HOST_SYSCTLS = [
 ]
 OBJECT_SIZES = {"1k": 1024, "100k": 100 * 1024, "1m": 1 << 20, "10m": 10 << 20, "50m": 50 << 20}
 # The access side's congestion control (pep-lab up --congestion): what a proxy host gets by default.
-DEFAULT_CONGESTION = "bbr"
+DEFAULT_CONGESTION = PEPCTL_DEFAULT_CONGESTION["access"]
 # A download that outlasts any timed run, even on the fastest profile: sparse (zeros, no memory or
 # disk), so only for loads whose content does not matter.
 ENDLESS_OBJECT = ("1g", 1 << 30)

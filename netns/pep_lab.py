@@ -24,9 +24,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="put the access-link emulator between client and switch (profiles: linkem/profiles.toml)")
     up.add_argument("--plain", action="store_true",
                     help="benchmark baseline: no VLANs, no BPF steering, no pepctl: Linux bridges, pep only routes")
-    up.add_argument("--interception", choices=("bpf", "nft", "route"),
-                    help="default bpf; nft with --hosts (FRR's bfdd opens an IPv4 packet socket, which bpf cannot "
-                    "live with: pepctl/config/routing.py)")
+    up.add_argument("--interception", choices=("bpf", "nft", "route"), default="bpf")
     up.add_argument("--ports", default="all", help='intercepted TCP ports: "all" or a list like 80,443,8000-8080 '
                     '(route interception needs a list; it gets 80 when given "all")')
     up.add_argument("--splice", choices=("both", "auto", "off"), default="both")
@@ -71,9 +69,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--hosts {args.hosts}: use 1-{HOSTS_MAX} (or leave it out for the one-host lab)")
     if args.command == "up" and args.hosts and (args.link or args.plain or args.graphs > 1):
         ap.error("--hosts builds the cluster lab: it takes no --link, --plain or --graphs")
-    if args.command == "up" and args.hosts and args.interception == "bpf":
-        ap.error("--hosts with --interception bpf: FRR's bfdd in the graph's namespace breaks bpf interception "
-                 "(docs/routing.md); use nft or route")
     if args.command == "up" and args.no_pepctl and (args.hosts or args.plain or args.proxy_engine != "haproxy"):
         ap.error("--no-pepctl leaves the one-host lab's proxy host bare: not with --hosts, --plain or --proxy-engine")
     if args.command == "up" and args.proxy_engine != "haproxy" and (args.hosts or args.plain or args.no_proxy):
@@ -81,8 +76,6 @@ def main(argv: list[str] | None = None) -> int:
                  "--no-proxy")
     if args.command == "up" and args.proxy_engine == "minrelay" and not os.path.exists(MINRELAY):
         ap.error(f"--proxy-engine minrelay: {MINRELAY} is not built; run make build (scripts/setup does)")
-    if args.command == "up" and not args.interception:
-        args.interception = "nft" if args.hosts else "bpf"
     if os.geteuid() != 0:
         print("pep-lab: must run as root (it creates namespaces)", file=sys.stderr)
         return 1

@@ -29,7 +29,10 @@ BPF_MAP_UPDATE_ELEM = 2
 BPF_MAP_DELETE_ELEM = 3
 BPF_MAP_GET_NEXT_KEY = 4
 BPF_OBJ_GET = 7
+BPF_PROG_ATTACH = 8
+BPF_PROG_DETACH = 9
 BPF_PROG_TEST_RUN = 10
+BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_MAP_LOOKUP_AND_DELETE_ELEM = 21
 BPF_MAP_UPDATE_BATCH = 26
 
@@ -39,6 +42,9 @@ _CMD_NAMES = {
     BPF_MAP_DELETE_ELEM: "BPF_MAP_DELETE_ELEM",
     BPF_MAP_GET_NEXT_KEY: "BPF_MAP_GET_NEXT_KEY",
     BPF_OBJ_GET: "BPF_OBJ_GET",
+    BPF_PROG_ATTACH: "BPF_PROG_ATTACH",
+    BPF_PROG_DETACH: "BPF_PROG_DETACH",
+    BPF_OBJ_GET_INFO_BY_FD: "BPF_OBJ_GET_INFO_BY_FD",
     BPF_PROG_TEST_RUN: "BPF_PROG_TEST_RUN",
     BPF_MAP_UPDATE_BATCH: "BPF_MAP_UPDATE_BATCH",
     BPF_MAP_LOOKUP_AND_DELETE_ELEM: "BPF_MAP_LOOKUP_AND_DELETE_ELEM",
@@ -51,6 +57,11 @@ BPF_EXIST = 2
 
 # BPF_OBJ_GET file flags
 BPF_F_RDONLY = 1 << 3
+
+# BPF_PROG_ATTACH: attach types and flags
+BPF_CGROUP_SOCK_OPS = 3
+BPF_F_ALLOW_MULTI = 1 << 1
+BPF_F_REPLACE = 1 << 2
 
 # A congestion control (or other kernel ops table) written in BPF: one key, 0; deleting it unregisters
 BPF_MAP_TYPE_STRUCT_OPS = 26
@@ -101,6 +112,32 @@ class _BatchAttr(ctypes.Structure):
         ("elem_flags", ctypes.c_uint64),
         ("flags", ctypes.c_uint64),
     ]
+
+
+class _AttachAttr(ctypes.Structure):
+    _fields_ = [
+        ("target_fd", ctypes.c_uint32),
+        ("attach_bpf_fd", ctypes.c_uint32),
+        ("attach_type", ctypes.c_uint32),
+        ("attach_flags", ctypes.c_uint32),
+        ("replace_bpf_fd", ctypes.c_uint32),
+    ]
+
+
+class _InfoAttr(ctypes.Structure):
+    _fields_ = [
+        ("bpf_fd", ctypes.c_uint32),
+        ("info_len", ctypes.c_uint32),
+        ("info", ctypes.c_uint64),
+    ]
+
+
+# struct bpf_map_info, the fields upgrades read (pepctl/layouts.py): the rest of it follows.
+_MAP_INFO = struct.Struct("=IIIIII16sIIQQIIII")
+_MAP_INFO_FIELDS = ("type", "id", "key_size", "value_size", "max_entries", "map_flags", "name", "ifindex",
+                    "btf_vmlinux_value_type_id", "netns_dev", "netns_ino", "btf_id", "btf_key_type_id",
+                    "btf_value_type_id", "btf_vmlinux_id")
+_PROG_INFO = struct.Struct("=II8s")       # struct bpf_prog_info: type, id, tag
 
 
 class _TestRunAttr(ctypes.Structure):
@@ -309,6 +346,34 @@ def prog_test_run(fd: int, data: bytes, *, ctx: bytes | None = None, repeat: int
                    cout.raw[:attr.ctx_size_out] if cout else None, attr.duration)
 
 
+def _obj_info(fd: int, size: int) -> bytes:
+    buf = ctypes.create_string_buffer(size)
+    _bpf(BPF_OBJ_GET_INFO_BY_FD, _InfoAttr(bpf_fd=fd, info_len=size, info=_addr(buf)), f"fd {fd}")
+    return buf.raw
+
+
+def map_info(fd: int) -> dict:
+    """struct bpf_map_info of a map: its type, sizes, flags, and the BTF of its key and value."""
+    info = dict(zip(_MAP_INFO_FIELDS, _MAP_INFO.unpack(_obj_info(fd, _MAP_INFO.size)), strict=True))
+    info["name"] = info["name"].rstrip(b"\0").decode()
+    return info
+
+
+def prog_id(fd: int) -> int:
+    """The kernel's id of a program: what `tc filter show` and `bpftool cgroup show` name it by."""
+    return _PROG_INFO.unpack(_obj_info(fd, _PROG_INFO.size))[1]
+
+
+def prog_attach(target_fd: int, prog_fd: int, attach_type: int, flags: int = 0, replace_fd: int = 0,
+                *, name: str = "") -> None:
+    """BPF_PROG_ATTACH of a program to a cgroup (target_fd: the cgroup's folder, opened). With
+    BPF_F_REPLACE, replace_fd's program is swapped for this one in place: no moment with both or
+    neither."""
+    attr = _AttachAttr(target_fd=target_fd, attach_bpf_fd=prog_fd, attach_type=attach_type, attach_flags=flags,
+                       replace_bpf_fd=replace_fd)
+    _bpf(BPF_PROG_ATTACH, attr, name or f"fd {target_fd}")
+
+
 def _fdinfo(fd: int) -> dict[str, str]:
     with open(f"/proc/self/fdinfo/{fd}") as f:
         return dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
@@ -376,6 +441,18 @@ class Map(_Pinned):
             value = self._percpu_value(value)
         map_update(self.fd, key, value, flags, name=self.path)
 
+    def update_percpu(self, key: bytes, values: list[bytes], flags: int = BPF_ANY) -> None:
+        """A per-CPU map's entry with a value of its own on each CPU (lookup_percpu's order)."""
+        for v in values:
+            self._check("update_percpu", key, v)
+        if len(values) != possible_cpus():
+            raise ValueError(f"update_percpu {self.path}: {len(values)} values for {possible_cpus()} CPUs")
+        map_update(self.fd, key, b"".join(v.ljust(_round8(self.value_size), b"\0") for v in values), flags,
+                   name=self.path)
+
+    def info(self) -> dict:
+        return map_info(self.fd)
+
     def delete(self, key: bytes, missing_ok: bool = False) -> bool:
         self._check("delete", key)
         return map_delete(self.fd, key, name=self.path, missing_ok=missing_ok)
@@ -402,13 +479,17 @@ class Map(_Pinned):
 
 
 class Prog(_Pinned):
-    """A pinned program, for BPF_PROG_TEST_RUN."""
+    """A pinned program, for BPF_PROG_TEST_RUN, and its kernel id."""
 
     def __init__(self, path: str):
         super().__init__(path)
         if "prog_type" not in _fdinfo(self.fd):
             self.close()
             raise ValueError(f"open program {path}: it is not a BPF program (a map?)")
+
+    @property
+    def id(self) -> int:
+        return prog_id(self.fd)
 
     def test_run(self, data: bytes, ctx: bytes | None = None, repeat: int = 1) -> TestRun:
         return prog_test_run(self.fd, data, ctx=ctx, repeat=repeat, name=self.path)

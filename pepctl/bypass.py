@@ -135,12 +135,14 @@ def _install(pin_dir: str, slot: int, rules: list, live_file: str) -> None:
         flow_maps.add_rules(pin_dir, slot, **map_args(want))
 
 
-def install_step(cfg: Config, g: Graph) -> Step:
+def install_step(cfg: Config, g: Graph, pin_dir: str | None = None) -> Step:
+    """The graph's config and live rules into the maps pinned in pin_dir (default the instance's)."""
     rules = sorted(config_rules(g.bypass))
     shown = ", ".join(f"{r.kind} {r.value}" for r in rules[:8]) + (" ..." if len(rules) > 8 else "")
+    where = pin_dir or pins(cfg)
     return Step(f"install the bypass rules of graph {g.name}",
-                Call("bypass_install", (pins(cfg), g.index, [list(r) for r in rules], live_path(cfg, g)),
-                     f"# bpf(2) {pins(cfg)}/maps: bypass rules of slot {g.index}: {shown or 'none'}"
+                Call("bypass_install", (where, g.index, [list(r) for r in rules], live_path(cfg, g)),
+                     f"# bpf(2) {where}/maps: bypass rules of slot {g.index}: {shown or 'none'}"
                      f" (and the live ones of {live_path(cfg, g)}, if any)"))
 
 

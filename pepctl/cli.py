@@ -20,10 +20,11 @@ from haproxy import supervise
 from . import bypass, checks, drain, exporter, hostinfo, plan, report, service, status
 from . import config as configmod
 from . import reload as reload_mod
+from . import upgrade as upgrade_mod
 from .config.rules import RuleError, parse_rule, parse_rules_file
 from .lock import InstanceLock, LockBusy
 from .names import CRASH_LOG
-from .runner import Journal, StepError, apply, undo_all
+from .runner import JOURNAL_FORMAT, Journal, StepError, apply, undo_all
 
 DEFAULT_CONFIG = "/etc/pep/pep.toml"
 
@@ -48,6 +49,8 @@ def locked(cfg, command: str, args) -> InstanceLock:
 
 def cmd_plan(args, out) -> int:
     cfg, info = load(args)
+    if args.upgrade:
+        return _plan_upgrade(cfg, info, args, out)
     if args.reload:
         checks.refuse(checks.host_problems(cfg, info))
         journal = Journal(cfg.instance_names().journal)
@@ -69,10 +72,76 @@ def cmd_plan(args, out) -> int:
     return 0
 
 
+def _unbuilt(cfg, command: str) -> bool:
+    """This checkout's datapath is not built (said): nothing to upgrade to."""
+    missing = [obj for obj, _ in plan.datapath(cfg).values() if not os.path.exists(obj)]
+    if missing:
+        print(f"pepctl {command}: {', '.join(missing)} not built: run scripts/setup (it builds the datapath); "
+              "nothing was changed", file=sys.stderr)
+    return bool(missing)
+
+
+def _plan_upgrade(cfg, info, args, out) -> int:
+    if os.geteuid() != 0:
+        print("pepctl plan --upgrade: must run as root (it reads the running instance's journal and BPF maps)",
+              file=sys.stderr)
+        return 1
+    if _unbuilt(cfg, "plan --upgrade"):
+        return 1
+    checks.refuse(checks.host_problems(cfg, info))
+    journal = Journal(cfg.instance_names().journal)
+    if not journal.complete:
+        print(f"pepctl plan --upgrade: instance {cfg.host.instance} is not up; `pepctl plan` shows what `up` would do",
+              file=sys.stderr)
+        return 1
+    if os.path.exists(cfg.instance_names().upgrade_journal):
+        print(f"# an upgrade of {cfg.host.instance} was cut short: `pepctl upgrade` first finishes or rolls it back",
+              file=out)
+    try:
+        u = upgrade_mod.build(cfg, info, journal) if _upgradable(cfg, journal, "plan --upgrade") else None
+    except StepError as e:
+        print(f"pepctl plan --upgrade: {e}", file=sys.stderr)
+        return 1
+    if u is None:
+        print(f"instance {cfg.host.instance} runs this pepctl already; an upgrade would change nothing", file=out)
+        return 0
+    print(f"# pepctl plan --upgrade for instance {cfg.host.instance} ({args.config}): journal format "
+          f"{journal.format} -> {JOURNAL_FORMAT}; {len(u.steps)} step(s), each undone if a later one fails", file=out)
+    for step in u.steps:
+        print(f"# {step.what}", file=out)
+        print(step.render(), file=out)
+    return 0
+
+
+def _upgradable(cfg, journal: Journal, command: str) -> bool:
+    """True if the running instance is not this pepctl's build; StepError if no upgrade can make it so."""
+    if journal.format > JOURNAL_FORMAT:
+        raise StepError(f"{upgrade_mod.outdated(cfg, journal)}; nothing was changed")
+    return upgrade_mod.outdated(cfg, journal) is not None or journal.meta.get("build") != upgrade_mod.build_digest(cfg)
+
+
+def _recover(cfg, journal: Journal, out, command: str) -> bool:
+    """A reload or an upgrade cut short, finished or rolled back; False (said) if that failed."""
+    errors = upgrade_mod.recover(cfg, out) + reload_mod.recover(cfg, journal, out)
+    if errors:
+        print(f"pepctl {command}: could not roll back an unfinished upgrade or reload:\n  " + "\n  ".join(errors)
+              + f"\nrun `pepctl {command}` again to retry, or `pepctl down`", file=sys.stderr)
+    return not errors
+
+
+def _refused(cfg, journal: Journal, command: str) -> bool:
+    """The instance is not this pepctl's to change (said): upgrade it first."""
+    why = upgrade_mod.refusal(cfg, journal, f"`pepctl {command}`")
+    if why:
+        print(f"pepctl {command}: {why}", file=sys.stderr)
+    return why is not None
+
+
 def _forget(cfg, journal: Journal, lock: InstanceLock) -> None:
     """The instance is gone: remove its journal, its lock file, and the run folder if now empty."""
     journal.remove()
     Journal(cfg.instance_names().reload_journal).remove()
+    Journal(cfg.instance_names().upgrade_journal).remove()
     lock.remove()
     try:
         os.rmdir(cfg.host.run_dir)
@@ -87,12 +156,15 @@ def cmd_up(args, out) -> int:
     # Before the lock: it is a file in run_dir, and a run_dir that cannot be (under a file, on /proc)
     # is the config's fault, said as plan says it.
     checks.refuse(checks.host_problems(cfg, info))
+    if _unbuilt(cfg, "up"):
+        return 1
     with locked(cfg, "up", args) as lock:
         journal = Journal(n.journal)
         if journal.exists and journal.complete:
-            errors = reload_mod.recover(cfg, journal, out)
-            if errors:
-                print("pepctl up: could not roll back an unfinished reload:\n  " + "\n  ".join(errors), file=sys.stderr)
+            if not _recover(cfg, journal, out, "up"):
+                return 1
+            journal = Journal(n.journal)
+            if _refused(cfg, journal, "up"):
                 return 1
             if journal.meta.get("config_sha256") != digest:
                 print(f"pepctl up: instance {cfg.host.instance} is up with another config; run `pepctl reload` "
@@ -118,8 +190,9 @@ def cmd_up(args, out) -> int:
         except configmod.ConfigError:
             _forget(cfg, journal, lock)   # refused before anything was made: not even the lock stays
             raise
-        journal.start({"config": os.path.abspath(args.config), "config_sha256": digest, "config_text": text,
-                       "started": time.time(), "pid": os.getpid()})
+        journal.start({"format": JOURNAL_FORMAT, "config": os.path.abspath(args.config), "config_sha256": digest,
+                       "config_text": text, "datapath": plan.datapath_digest(cfg),
+                       "build": upgrade_mod.build_digest(cfg), "started": time.time(), "pid": os.getpid()})
         print(f"bringing up instance {cfg.host.instance} on {cfg.host.nic} ({info.cpus_note})", file=out)
         try:
             apply(steps, journal, log=lambda m: print(m, file=out))
@@ -153,8 +226,16 @@ def cmd_down(args, out) -> int:
         if not journal.exists:   # taken down while we waited for the lock
             print(f"instance {cfg.host.instance} is not up; nothing to do", file=out)
             return 0
-        # A reload cut short first: its undos put back what the instance's journal knows. What of
+        if journal.format > JOURNAL_FORMAT:
+            print(f"pepctl down: {upgrade_mod.outdated(cfg, journal)}: its `down` knows what it made; nothing was "
+                  "changed", file=sys.stderr)
+            return 1
+        # An upgrade or a reload cut short first: an upgrade's undos put back what the instance's
+        # journal knows (or, all its steps done, the journal is rewritten: read it again). What of
         # them fails is moot once the instance is gone.
+        for e in upgrade_mod.recover(cfg, out):
+            print(f"pepctl down: notice: rolling back an unfinished upgrade: {e}", file=sys.stderr)
+        journal = Journal(n.journal)
         for e in reload_mod.recover(cfg, journal, out):
             print(f"pepctl down: notice: rolling back an unfinished reload: {e}", file=sys.stderr)
         errors = undo_all(journal, log=lambda m: print(m, file=out))
@@ -185,10 +266,53 @@ def cmd_reload(args, out) -> int:
     text, digest = read_config(args.config)
     checks.refuse(checks.host_problems(cfg, info))
     with locked(cfg, "reload", args):
+        journal = Journal(cfg.instance_names().journal)
+        if journal.exists and (not _recover(cfg, journal, out, "reload") or
+                               _refused(cfg, Journal(journal.path), "reload")):
+            return 1
         try:
             return reload_mod.reload(cfg, info, Journal(cfg.instance_names().journal), text, digest, out)
         except StepError as e:
             print(f"pepctl reload: {e}", file=sys.stderr)
+            return 1
+
+
+def cmd_upgrade(args, out) -> int:
+    try:
+        cfg, info = load(args)
+    except configmod.ConfigError as e:
+        print(f"pepctl upgrade: {args.config} no longer passes this pepctl's checks:\n{e}\nAn upgrade in place keeps "
+              "the config the instance runs, so it must pass both pepctls: take the instance down (with either one), "
+              "mend the config, and bring it up with this one; nothing was changed", file=sys.stderr)
+        return 2
+    _, digest = read_config(args.config)
+    if _unbuilt(cfg, "upgrade"):
+        return 1
+    checks.refuse(checks.host_problems(cfg, info))
+    n = cfg.instance_names()
+    with locked(cfg, "upgrade", args):
+        journal = Journal(n.journal)
+        if not journal.complete:
+            print(f"pepctl upgrade: instance {cfg.host.instance} is not up" + (" (an `up` did not finish: `pepctl up` "
+                  "or `pepctl down` first)" if journal.exists else "; `pepctl up` brings it up with this pepctl"),
+                  file=sys.stderr)
+            return 1
+        try:
+            if not _recover(cfg, journal, out, "upgrade"):
+                return 1
+            journal = Journal(n.journal)
+            if not _upgradable(cfg, journal, "upgrade"):
+                print(f"instance {cfg.host.instance} runs this pepctl already (journal format {JOURNAL_FORMAT}, this "
+                      "checkout's datapath and code); nothing changed", file=out)
+                return 0
+            if journal.meta.get("config_sha256") != digest:
+                print(f"pepctl upgrade: {args.config} has changed since instance {cfg.host.instance} came up (or was "
+                      "last reloaded): an upgrade keeps the config the instance runs. Put the file back as it was, "
+                      "upgrade, then change it and `pepctl reload`; nothing was changed", file=sys.stderr)
+                return 1
+            return upgrade_mod.upgrade(cfg, info, journal, out)
+        except StepError as e:
+            print(f"pepctl upgrade: {e}", file=sys.stderr)
             return 1
 
 
@@ -224,6 +348,8 @@ def cmd_bypass(args, out) -> int:
         return 2
     with locked(cfg, f"bypass {args.action}", args):
         journal = Journal(n.journal)
+        if _refused(cfg, journal, f"bypass {args.action}"):
+            return 1
         if args.action == "sync":
             old = bypass.config_rules(_old_config(journal, cfg, g).bypass) if journal.complete else set()
             added, removed = bypass.sync(cfg, g, old)
@@ -238,7 +364,10 @@ def _bypass_list(cfg, g, args, out) -> int:
     rules = [{**r.as_json(), "source": "config"} for r in sorted(from_config)]
     rules += [{**r.as_json(), "source": "live"} for r in sorted(live - from_config)]
     if args.json:
-        json.dump({"graph": g.name, "rules": rules, "counters": bypass.counters(cfg, g)}, out, indent=2)
+        why = upgrade_mod.outdated(cfg, Journal(cfg.instance_names().journal))
+        # The counters' layout is this pepctl's: an instance not yet upgraded has another.
+        counters = {"unavailable": f"{why}; `pepctl upgrade` first"} if why else bypass.counters(cfg, g)
+        json.dump({"graph": g.name, "rules": rules, "counters": counters}, out, indent=2)
         print(file=out)
     else:
         for r in rules:
@@ -325,6 +454,8 @@ def cmd_drain(args, out) -> int:
         if not journal.complete:
             print(f"pepctl drain: instance {cfg.host.instance} is not up", file=sys.stderr)
             return 1
+        if _refused(cfg, journal, "drain"):
+            return 1
         try:
             drain.check_drainable(cfg)
             if args.undo:
@@ -358,6 +489,8 @@ COMMANDS = {
     "down": (cmd_down, "remove everything `up` made, and nothing else"),
     "status": (cmd_status, "report state, what new flows get, HAProxy sessions and datapath counters"),
     "reload": (cmd_reload, "apply a changed proxy config without dropping connections (plan --reload: how)"),
+    "upgrade": (cmd_upgrade, "take over an instance another pepctl brought up, in place, dropping no connection "
+                             "(plan --upgrade: how)"),
     "bypass": (cmd_bypass, "per-flow bypass rules: add|del|list|sync (new flows only)"),
     "report": (cmd_report, "the PEP's gain on live traffic: the experiment's treated vs control flows"),
     "drain": (cmd_drain, "[routing] hand this host's shares to their other hosts, losing no connection"),
@@ -366,7 +499,7 @@ COMMANDS = {
     "keep": (cmd_keep, "(run by `up` where there is no systemd) keep the supervisor or the exporter running"),
 }
 NO_CONFIG = ("supervise", "exporter", "keep")
-LOCKING = ("up", "down", "reload", "bypass", "drain")
+LOCKING = ("up", "down", "reload", "upgrade", "bypass", "drain")
 
 
 def main(argv: list[str] | None = None, out=sys.stdout) -> int:
@@ -382,8 +515,11 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
         if name == "status":
             p.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "plan":
-            p.add_argument("--reload", action="store_true",
-                           help="what `reload` would change in the running instance, step by step")
+            which = p.add_mutually_exclusive_group()
+            which.add_argument("--reload", action="store_true",
+                               help="what `reload` would change in the running instance, step by step")
+            which.add_argument("--upgrade", action="store_true",
+                               help="what `upgrade` would change in the running instance, step by step")
         if name == "bypass":
             p.add_argument("action", choices=("add", "del", "list", "sync"))
             p.add_argument("kind", nargs="?", help="client | server | port")

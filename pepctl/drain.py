@@ -41,35 +41,47 @@ BGP_PORT = 179
 HELD_STATES = sum(1 << s for s in range(1, 12) if s not in (nsutil.TCP_LISTEN, 6, 7))
 
 
-def handover_lines(r: routing.Routing, verb: str) -> list[str]:
-    """`ip -batch` lines ("add" or "del") of the rules and routes that send each share's traffic
-    to its other host."""
+def handover_lines(r: routing.Routing, verb: str, version: int) -> list[str]:
+    """`ip -batch` lines ("add" or "del") of the rules and routes that send each share's traffic of
+    one family to its other host. `ip rule` takes its family from the command line only: the
+    IPv6 lines run in `ip -6 -batch`."""
     lines = []
-    for k, net in enumerate(routing.share_prefixes(r)):
+    default = "0.0.0.0/0" if version == 4 else "::/0"
+    for k, nets in enumerate(routing.share_prefixes(r)):
         other = routing.other_host(r, k)
         if k not in routing.roles(r) or other is None:
             continue
         table = DRAIN_TABLE_BASE + k
-        if verb == "add":
-            lines += [f"route replace default via {other.access} dev {C_IN} table {table}",
-                      f"route replace {net} via {other.origin} dev {S_IN} table {table}"]
-        lines += [f"rule {verb} pref {DRAIN_PREF} from {net} iif {C_IN} lookup {table}",
-                  f"rule {verb} pref {DRAIN_PREF} to {net} iif {S_IN} lookup {table}"]
-        if verb == "del":
+        nets = [n for n in nets if n.version == version]     # this family's
+        if verb == "add" and nets:
+            lines.append(f"route replace {default} via {other.address('access', version)} dev {C_IN} table {table}")
+            lines += [f"route replace {net} via {other.address('origin', version)} dev {S_IN} table {table}"
+                      for net in nets]
+        for net in nets:
+            lines += [f"rule {verb} pref {DRAIN_PREF} from {net} iif {C_IN} lookup {table}",
+                      f"rule {verb} pref {DRAIN_PREF} to {net} iif {S_IN} lookup {table}"]
+        if verb == "del" and nets:
             lines.append(f"route flush table {table}")
     return lines
 
 
+def handover(r: routing.Routing, ns: str, verb: str, check: bool = True) -> None:
+    for v in routing.families(r):
+        run(["ip", "-n", ns, f"-{v}", "-batch", "-"], input="\n".join(handover_lines(r, verb, v)) + "\n",
+            check=check)
+
+
 def handover_rules(r: routing.Routing) -> set[Rule]:
     """The bypass rules that keep the shares' new flows from this proxy."""
-    return {parse_rule("client", str(routing.share_prefixes(r)[k]))
-            for k in routing.roles(r) if routing.other_host(r, k) is not None}
+    return {parse_rule("client", str(net)) for k in routing.roles(r) if routing.other_host(r, k) is not None
+            for net in routing.share_prefixes(r)[k]}
 
 
 def held_connections(ns: str) -> int:
     """TCP connections in the graph's namespace, but BGP's: the proxy's, both sides of each."""
     def count() -> int:
-        return sum(1 for sockid, _ in nsutil.sock_diag(socket.AF_INET, HELD_STATES)
+        return sum(1 for family in (socket.AF_INET, socket.AF_INET6)
+                   for sockid, _ in nsutil.sock_diag(family, HELD_STATES)
                    if BGP_PORT not in (sockid[0], sockid[1]))
     return nsutil.in_netns(ns, count)
 
@@ -83,8 +95,8 @@ def announce_call(cfg: Config, drained: bool) -> Call:
     confs = routing.configs(r, routing.hostname(cfg.host.instance, r), drained)
     commands = ["configure terminal"]
     for name, lines in routing.prefix_lists(r, drained).items():
-        commands += [f"no ip prefix-list {name}", *lines]
-    commands += ["end", "clear bgp ipv4 unicast * soft out"]
+        commands += [f"no {name}", *lines]
+    commands += ["end", *(f"clear bgp {routing.AFI[v]} * soft out" for v in routing.families(r))]
     shown = "\n".join([*(f"cat > {routing.frr_file(folder, d, 'conf')} <<'EOF'\n{t.rstrip()}\nEOF"
                           for d, t in confs.items()), shlex.join(routing.vtysh_argv(folder, *commands))])
     return Call("frr_announce", (folder, confs, commands), shown)
@@ -111,11 +123,11 @@ def drain(cfg: Config, installed: Config, timeout: float, out) -> int:
     g = next(g for g in cfg.graphs if g.name == r.graph)
     ns = cfg.graph_names(g).netns
     rules = handover_rules(r)
-    run(["ip", "-n", ns, "-batch", "-"], input="\n".join(handover_lines(r, "add")) + "\n")
+    handover(r, ns, "add")
     bypass.add(cfg, installed, g, sorted(rules))
     bypass.write_live(cfg, g, bypass.read_live(cfg, g) | rules)
     write_file(state_path(cfg), json.dumps({"since": time.time(), "withdrawn": False}) + "\n")
-    shares = ", ".join(f"{routing.share_prefixes(r)[k]} -> {routing.other_host(r, k).name}"
+    shares = ", ".join(f"{' '.join(map(str, routing.share_prefixes(r)[k]))} -> {routing.other_host(r, k).name}"
                        for k in sorted(routing.roles(r)) if routing.other_host(r, k))
     print(f"{r.host}: new flows go to the shares' other hosts ({shares})", file=out)
     deadline = time.monotonic() + timeout
@@ -139,7 +151,7 @@ def undo(cfg: Config, out) -> int:
     g = next(g for g in cfg.graphs if g.name == r.graph)
     ns = cfg.graph_names(g).netns
     announce(cfg, drained=False)
-    run(["ip", "-n", ns, "-batch", "-"], input="\n".join(handover_lines(r, "del")) + "\n", check=False)
+    handover(r, ns, "del", check=False)
     rules = handover_rules(r) - bypass.config_rules(g.bypass)
     live = bypass.read_live(cfg, g)
     bypass.remove(cfg, g, rules & live)
@@ -178,12 +190,13 @@ def report(cfg: Config) -> dict:
     pids = {d: read_pid(routing.frr_file(folder, d, "pid")) for d in routing.FRR_DAEMONS}
     out: dict = {"host": r.host, "daemons": {d: {"pid": pid, "running": bool(pid and pid_alive(pid))}
                                               for d, pid in pids.items()},
-                 "shares": {str(routing.share_prefixes(r)[k]): role for k, role in sorted(routing.roles(r).items())},
+                 "shares": {str(k): {"role": role, "prefixes": list(map(str, routing.share_prefixes(r)[k]))}
+                            for k, role in sorted(routing.roles(r).items())},
                  "drain": state(cfg)}
-    bgp = run(routing.vtysh_argv(folder, "show bgp ipv4 unicast summary json"), check=False)
+    bgp = run(routing.vtysh_argv(folder, "show bgp summary json"), check=False)
     bfd = run(routing.vtysh_argv(folder, "show bfd peers json"), check=False)
     try:
-        peers = json.loads(bgp.stdout).get("peers", {})
+        peers = routing.summary_peers(bgp.stdout)
         bfd_state = {p.get("peer"): p.get("status") for p in json.loads(bfd.stdout or "[]")}
     except ValueError:
         out["error"] = (bgp.stderr or bfd.stderr or bgp.stdout).strip()[:300]

@@ -102,7 +102,7 @@ CONN_TAG = struct.Struct("=I")                   # slot1 (flow_conns' tag of a c
 FLOW_SYN = struct.Struct("=IBBBB2sBB4s12s40s4xQ")
 MARK_F_SUB_ECN, MARK_F_ORG_RESET, MARK_F_SUB_SACK, MARK_F_SUB_TS = 0x1, 0x2, 0x4, 0x8
 MARK_F_ORG_SACK, MARK_F_ORG_TS, MARK_F_SUB_OPTS, MARK_F_ORG_OPTS = 0x10, 0x20, 0x40, 0x80
-MARK_S_SUB_DATA, MARK_S_FIN_HELD = 0x1, 0x2
+MARK_S_SUB_DATA, MARK_S_FIN_HELD, MARK_S_KEPT = 0x1, 0x2, 0x4
 U32 = struct.Struct("=I")
 U64 = struct.Struct("=Q")
 
@@ -357,6 +357,15 @@ def read_conns(pins: str, graph: int | None = None) -> int:
     with open_map(pins, "conns") as m:
         raw = m.lookup(U32.pack(GRAPHS_MAX if graph is None else graph))
     return U64.unpack(raw)[0] if raw is not None else 0
+
+
+def stats_index(index: int, old_entries: int, new_entries: int) -> int | None:
+    """Where a counter of flow_stats goes when its size changes (pepctl upgrade): a graph's counters
+    are CNT_MAX apart, and a counter keeps its number from one version to the next (new ones are added
+    at the end of enum flow_counter). None: a counter this version no longer has."""
+    old_n, new_n = old_entries // GRAPHS_MAX, new_entries // GRAPHS_MAX
+    slot, counter = divmod(index, old_n)
+    return slot * new_n + counter if counter < new_n and slot < GRAPHS_MAX else None
 
 
 def read_counters(pins: str, graph: int) -> dict[str, int]:

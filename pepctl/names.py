@@ -9,6 +9,7 @@ own files are named where it runs (haproxy/supervise.py) and taken from there.
 
     run_dir/INSTANCE.journal        what `up` made, newest last (pepctl/runner.py Journal)
     run_dir/INSTANCE.reload.journal what a `reload` changed, while it runs: how to put it back
+    run_dir/INSTANCE.upgrade.journal what an `upgrade` changed, while it runs (pepctl/upgrade.py)
     run_dir/INSTANCE.lock           held by up, down, reload and bypass (pepctl/lock.py)
     run_dir/INSTANCE/               the instance's folder (root, group of the proxy's user)
         haproxy.cfg                 HAProxy's config, every graph in it (haproxy.cfg.new: a reload's, checked)
@@ -24,6 +25,7 @@ own files are named where it runs (haproxy/supervise.py) and taken from there.
             haproxy.sock, haproxy.log
     bpf_dir/INSTANCE/steer/{prog,maps}   tc/steer.o: VLAN steering on the NIC
     bpf_dir/INSTANCE/flow/{prog,maps}    tc/flow.o: interception, bypass and fail-open in the graphs
+    bpf_dir/INSTANCE/{steer,flow}-new    while `pepctl upgrade` runs: the next version's programs and maps
     namespace INSTANCE-GRAPH        a graph; inside it c_in (access side), s_in (origin side)
     host links INSTANCEc<vlan>, INSTANCEs<vlan>   the host's ends of c_in and s_in
     nft table pep_INSTANCE          inside a graph's namespace (mode nft)
@@ -63,6 +65,7 @@ RULES_SUFFIX = ".bypass.rules"    # GRAPH.bypass.rules
 TMP_SUFFIX = ".tmp"               # a file being written, renamed into place when whole (pepctl/runner.py)
 NEW_SUFFIX = ".new"               # haproxy.cfg.new: a reload's config, checked before it replaces the running one
 OLD_SUFFIX = ".1"                 # experiment.jsonl.1: the log's previous part, kept when it grows too long
+STAGED_SUFFIX = "-new"            # flow-new: pins' next version while an upgrade runs (bpffs refuses "." in names)
 # Congestion controls are host-wide: their pins and lock are the host's, not an instance's (whose
 # bpf_dir may differ), so every instance finds the one registration.
 CONGESTION_DIR = "/sys/fs/bpf/pep-congestion"
@@ -77,6 +80,7 @@ class InstanceNames:
     proxy_dir: str        # the proxy user's folder inside it
     journal: str
     reload_journal: str   # the undo of a reload that runs (or was cut short): pepctl/reload.py
+    upgrade_journal: str  # the same of an upgrade: pepctl/upgrade.py
     lock: str
     pins: str | None      # bpf_dir/INSTANCE (None: names from the folder alone, folder_names)
     steer_pins: str | None
@@ -126,6 +130,7 @@ def instance_names(instance: str, run_dir: str, bpf_dir: str | None = None) -> I
         instance=instance, run_dir=run_dir, dir=d, proxy_dir=proxy,
         journal=os.path.join(run_dir, f"{instance}.journal"),
         reload_journal=os.path.join(run_dir, f"{instance}.reload.journal"),
+        upgrade_journal=os.path.join(run_dir, f"{instance}.upgrade.journal"),
         lock=os.path.join(run_dir, f"{instance}.lock"),
         pins=pins, steer_pins=pins and os.path.join(pins, "steer"), flow_pins=pins and os.path.join(pins, "flow"),
         haproxy_cfg=sup["cfg"],
@@ -216,6 +221,11 @@ def systemd_escape_path(path: str) -> str:
         else:
             out.extend(f"\\x{b:02x}" for b in ch.encode())
     return "".join(out) or "-"
+
+
+def staged_pins(pins: str) -> str:
+    """Where `pepctl upgrade` loads the next version of the programs and maps pinned in pins."""
+    return pins + STAGED_SUFFIX
 
 
 def congestion_pins(cc: str) -> str:

@@ -17,7 +17,7 @@ import struct
 import threading
 
 from .names import netns_path
-from .runner import Call, action
+from .runner import Call, action, read_pid
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -38,16 +38,24 @@ def in_netns(ns: str | None, fn, *args):
     """fn(*args) on a thread inside namespace ns (None: here); returns its result or raises."""
     if ns is None:
         return fn(*args)
+
+    def there():
+        join(ns)
+        return fn(*args)
+    return _on_thread(f"netns-{ns}", there)
+
+
+def _on_thread(name: str, fn):
+    """fn() on a short-lived thread of its own (whose namespace it may change); its result or error."""
     box: dict = {}
 
     def body():
         try:
-            join(ns)
-            box["result"] = fn(*args)
+            box["result"] = fn()
         except BaseException as e:   # handed to the caller's thread
             box["error"] = e
 
-    t = threading.Thread(target=body, name=f"netns-{ns}")
+    t = threading.Thread(target=body, name=name)
     t.start()
     t.join()
     if "error" in box:
@@ -68,9 +76,40 @@ def netns_cookie(ns: str | None) -> int:
     return in_netns(ns, _cookie_here)
 
 
+def _sysctl_path(key: str) -> str:
+    return "/proc/sys/" + key.replace(".", "/")
+
+
+def _read_sysctls(keys: list[str]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for key in keys:
+        try:
+            with open(_sysctl_path(key)) as f:
+                out[key] = " ".join(f.read().split())   # "1024\t65535" reads as written: "1024 65535"
+        except FileNotFoundError:
+            out[key] = None
+    return out
+
+
+def read_sysctls(ns: str | None, keys: list[str]) -> dict[str, str | None]:
+    """The values of sysctls in namespace ns (None: absent here), as sysctl -w takes them."""
+    return in_netns(ns, _read_sysctls, list(keys))
+
+
+def fresh_sysctls(keys: list[str]) -> dict[str, str | None]:
+    """The values a namespace just made has: the kernel's defaults for one. The namespace is a
+    thread's own, made for the reading and gone with the thread."""
+    def fresh():
+        if _libc.unshare(CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}")
+        return _read_sysctls(list(keys))
+    return _on_thread("netns-fresh", fresh)
+
+
 def _write_sysctls(pairs: list[tuple[str, str]]) -> None:
     for key, value in pairs:
-        path = "/proc/sys/" + key.replace(".", "/")
+        path = _sysctl_path(key)
         try:
             with open(path, "w") as f:
                 f.write(value)
@@ -172,32 +211,90 @@ def destroy_tcp_sockets(ns: str) -> int:
     return in_netns(ns, destroy)
 
 
+# -- packet sockets: what makes the kernel share a namespace's IP packets -----------------------
 IP_ETHERTYPES = {0x0800: "IPv4", 0x86DD: "IPv6"}
+SYS_PIDFD_GETFD = 438        # the same number on every architecture (Linux >= 5.6)
 
 
-def ip_packet_sockets(ns: str) -> list[dict]:
+def _packet_rows() -> list[tuple[str, int, int]]:
+    """(family, ifindex, inode) of every IPv4 or IPv6 packet socket of the calling thread's namespace."""
+    with open("/proc/thread-self/net/packet") as f:
+        rows = [line.split() for line in f.read().splitlines()[1:]]
+    return [(IP_ETHERTYPES[int(r[3], 16)], int(r[4]), int(r[8])) for r in rows if int(r[3], 16) in IP_ETHERTYPES]
+
+
+def _socket_fds(pid: str) -> dict[int, int]:
+    """inode -> fd of every socket process pid holds (none if it is gone or not ours to see)."""
+    out = {}
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                out[int(link[8:-1])] = int(fd)
+    except OSError:
+        pass
+    return out
+
+
+def ip_packet_sockets(ns: str, pids: list[int] | None = None) -> list[dict]:
     """Packet sockets bound to IPv4 or IPv6 in namespace ns (/proc/net/packet), with the process
-    that holds each. The kernel hands such a namespace's IP packets to ip_rcv shared; ip_rcv clones
-    them, and the clone has lost the socket bpf_sk_assign gave at tc ingress."""
-    def read() -> list[tuple[str, int]]:
-        with open("/proc/thread-self/net/packet") as f:
-            rows = [line.split() for line in f.read().splitlines()[1:]]
-        return [(IP_ETHERTYPES[int(r[3], 16)], int(r[8])) for r in rows if int(r[3], 16) in IP_ETHERTYPES]
-    found = in_netns(ns, read)
+    that holds each (pid, fd), and the device each is bound to (ifindex, 0: every device). One
+    bound to every device, or to a device that carries traffic, makes the kernel hand that traffic
+    to ip_rcv shared: ip_rcv clones it, and the clone has lost the socket bpf_sk_assign gave at tc
+    ingress. pids: look only in these processes for holders (default: all)."""
+    found = in_netns(ns, _packet_rows)
     if not found:
         return []
-    holders: dict[int, str] = {}
-    wanted = {f"socket:[{inode}]": inode for _, inode in found}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    wanted = {inode for _, _, inode in found}
+    holders: dict[int, tuple[int, int, str]] = {}
+    for pid in map(str, pids) if pids is not None else filter(str.isdigit, os.listdir("/proc")):
+        held = {inode: fd for inode, fd in _socket_fds(pid).items() if inode in wanted}
+        if not held:
+            continue
         try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                inode = wanted.get(os.readlink(f"/proc/{pid}/fd/{fd}"))
-                if inode is not None:
-                    with open(f"/proc/{pid}/comm") as f:
-                        holders[inode] = f"{f.read().strip()} (pid {pid})"
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
         except OSError:
             continue
-    return [{"family": family, "inode": inode, "held_by": holders.get(inode, "?")} for family, inode in found]
+        holders.update({inode: (int(pid), fd, comm) for inode, fd in held.items()})
+    out = []
+    for family, ifindex, inode in found:
+        pid, fd, comm = holders.get(inode, (None, None, "?"))
+        out.append({"family": family, "ifindex": ifindex, "inode": inode, "pid": pid, "fd": fd,
+                    "held_by": f"{comm} (pid {pid})" if pid else "?"})
+    return out
+
+
+def pin_packet_sockets(ns: str, pid: int, dev: str = "lo") -> list[dict]:
+    """Binds every IP packet socket process pid holds in namespace ns on every device to dev
+    instead: the kernel then runs it for dev's packets only. Taken from the process with
+    pidfd_getfd(2), so the process keeps its socket, and rebound (its protocol kept): a bind
+    moves the socket's hook from the namespace's list to dev's. What it pinned."""
+    found = [p for p in ip_packet_sockets(ns, [pid]) if p["pid"] == pid and p["ifindex"] == 0]
+    if not found:
+        return []
+    pidfd = os.pidfd_open(pid)
+    try:
+        for p in found:
+            fd = _libc.syscall(SYS_PIDFD_GETFD, pidfd, p["fd"], 0)
+            if fd < 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"take {p['family']} packet socket {p['inode']} of {p['held_by']}: "
+                              f"{os.strerror(err)}")
+            with socket.socket(fileno=fd) as s:
+                s.bind((dev, s.getsockname()[1]))
+    finally:
+        os.close(pidfd)
+    return found
+
+
+@action("pin_packet_sockets")
+def pin_daemons_packet_sockets(ns: str, pidfiles: list, dev: str = "lo") -> None:
+    """pin_packet_sockets for each process a plan started (by its pidfile)."""
+    for pidfile in pidfiles:
+        pid = read_pid(pidfile)
+        if pid:
+            pin_packet_sockets(ns, pid, dev)
 
 
 def listening_ports(ns: str | None, sock: socket.socket | None = None) -> set[int]:

@@ -21,13 +21,13 @@ one `tc -batch` per side attaches the programs, and map writes and sysctls run i
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
 import socket
 
 from haproxy.render import STATS_ENV, GraphProxy, Process, render
 
-from . import bypass, congestion, experiment, flow_maps, nsutil, register, routing, service, steering
+from . import bpfsys, bypass, congestion, experiment, flow_maps, nsutil, register, routing, service, steering
 from .config import Config, Graph, Side
 from .hostinfo import HostInfo, maxconn_for
 from .names import (
@@ -110,11 +110,33 @@ def steering_load_steps(pins: str, trunk: str, ns: str | None = None) -> list[St
     ]
 
 
+def filter_words(verb: str, dev: str, hook: str, pref: int, prog: str) -> list[str]:
+    """A tc filter running the program pinned at prog, direct-action, on dev's hook: every program of
+    the datapath is attached so (verb add by `up`, replace by `upgrade`: the program swapped in place)."""
+    return ["filter", verb, "dev", dev, hook, "pref", str(pref), "handle", "1", "bpf", "direct-action",
+            "object-pinned", prog]
+
+
+# Where each program runs: (device, hook, tc preference, program). A program keeps its name and its
+# hook from one version to the next: `pepctl upgrade` swaps each in place, by name (tc/pep_flow.h).
+def trunk_attachments(trunk: str) -> list[tuple[str, str, int, str]]:
+    return [(trunk, "ingress", TRUNK_PREF, "trunk_ingress")]
+
+
+def port_attachments(ports: list[str]) -> list[tuple[str, str, int, str]]:
+    return [(port, "ingress", PORT_PREF, "port_ingress") for port in ports]
+
+
+def flow_attachments() -> list[tuple[str, str, int, str]]:
+    return [(dev, hook, FLOW_PREF, prog) for dev in (C_IN, S_IN)
+            for hook, prog in (("ingress", flow_maps.PROGRAM), ("egress", flow_maps.EGRESS_PROGRAM))]
+
+
 def trunk_attach_step(pins: str, trunk: str, ns: str | None = None) -> Step:
     where = f"{ns}/{trunk}" if ns else trunk
+    [(dev, hook, pref, prog)] = trunk_attachments(trunk)
     return Step(f"attach trunk_ingress to {where} ingress",
-                in_netns(ns, ["tc", "filter", "add", "dev", trunk, "ingress", "pref", str(TRUNK_PREF), "handle",
-                              "1", "bpf", "direct-action", "object-pinned", f"{pins}/prog/trunk_ingress"]),
+                in_netns(ns, ["tc", *filter_words("add", dev, hook, pref, f"{pins}/prog/{prog}")]),
                 undo=in_netns(ns, ["tc", "filter", "del", "dev", trunk, "ingress", "pref", str(TRUNK_PREF)]))
 
 
@@ -142,10 +164,8 @@ def steer_ports_step(pins: str, ports: list[tuple[int, str]], trunk: str, ns: st
 def port_attach_batch(pins: str, ports: list[str]) -> str:
     """tc batch: port_ingress on each port (tags its frames, sends them to the trunk)."""
     lines = []
-    for port in ports:
-        lines += [f"qdisc add dev {port} clsact",
-                  f"filter add dev {port} ingress pref {PORT_PREF} handle 1 bpf direct-action object-pinned "
-                  f"{pins}/prog/port_ingress"]
+    for dev, hook, pref, prog in port_attachments(ports):
+        lines += [f"qdisc add dev {dev} clsact", " ".join(filter_words("add", dev, hook, pref, f"{pins}/prog/{prog}"))]
     return "\n".join(lines) + "\n"
 
 
@@ -176,11 +196,70 @@ def _cgroup_detach(root: str, prog: str) -> None:
         run(["bpftool", "cgroup", "detach", root, "sock_ops", "pinned", prog])
 
 
+@action("cgroup_swap")
+def cgroup_swap(root: str, new: str | None, old: str | None) -> None:
+    """The sock_ops program pinned at new in place of the one pinned at old on the cgroup root: with
+    both, swapped by BPF_F_REPLACE (never both attached: each would count a connection); with no
+    old (or old not attached there), attached; with no new, old detached. Done already: nothing."""
+    attached = {p["id"] for p in run_json(["bpftool", "-j", "cgroup", "show", root])}
+    if new is None:
+        if old is not None:
+            _cgroup_detach(root, old)
+        return
+    with bpfsys.Prog(new) as prog:
+        if prog.id in attached:
+            return
+        if old is not None and os.path.exists(old):
+            with bpfsys.Prog(old) as before:
+                if before.id in attached:
+                    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+                    try:
+                        bpfsys.prog_attach(fd, prog.fd, bpfsys.BPF_CGROUP_SOCK_OPS,
+                                           bpfsys.BPF_F_ALLOW_MULTI | bpfsys.BPF_F_REPLACE, before.fd, name=root)
+                    finally:
+                        os.close(fd)
+                    return
+    run(["bpftool", "cgroup", "attach", root, "sock_ops", "pinned", new, "multi"])
+
+
+@action("tc_swap")
+def tc_swap(ns: str | None, attachments: list) -> None:
+    """Each [device, hook, preference, program pin] made to run that program, in place of whatever
+    ran there (`tc filter replace`: every packet meets one program or the other); a pin of None
+    removes what runs there, if anything does."""
+    lines = [" ".join(filter_words("replace", dev, hook, pref, prog)) for dev, hook, pref, prog in attachments if prog]
+    if lines:
+        run(in_netns(ns, ["tc", "-batch", "-"]), input="\n".join(lines) + "\n")
+    for dev, hook, pref, prog in attachments:
+        if prog is None and run_json(in_netns(ns, ["tc", "-j", "filter", "show", "dev", dev, hook, "pref", str(pref)])):
+            run(in_netns(ns, ["tc", "filter", "del", "dev", dev, hook, "pref", str(pref)]))
+
+
 def connection_limits(cfg: Config, info: HostInfo) -> tuple[int, dict[str, int]]:
     """HAProxy's maxconn: the process's (the host's maxconn, or what the open-file limit allows) and
     each proxied graph's (its own, at most the process's). The datapath bypasses at the same."""
     total = cfg.host.maxconn or maxconn_for(info.nofile, len(proxied(cfg)))
     return total, {g.name: min(g.proxy.maxconn or total, total) for g in proxied(cfg)}
+
+
+def datapath(cfg: Config) -> dict[str, tuple[str, str]]:
+    """The instance's BPF objects and where each is pinned: {part: (object, pin folder)}: the
+    steering programs always, the flow program when a graph is proxied."""
+    n = cfg.instance_names()
+    parts = {"steer": (STEER_OBJ, n.steer_pins)}
+    if proxied(cfg):
+        parts["flow"] = (FLOW_OBJ, n.flow_pins)
+    return parts
+
+
+def datapath_digest(cfg: Config) -> str:
+    """What the journal records of the datapath `up` loaded (sha256 of its objects): `pepctl upgrade`
+    swaps it when this checkout's differs."""
+    h = hashlib.sha256()
+    for part, (obj, _) in sorted(datapath(cfg).items()):
+        with open(obj, "rb") as f:
+            h.update(part.encode() + b"\0" + hashlib.sha256(f.read()).digest())
+    return h.hexdigest()
 
 
 def _mounted_bpffs() -> bool:
@@ -222,30 +301,41 @@ def _gateway(side: Side, version: int):
     return next((gw for gw in side.gateways if gw.version == version), None)
 
 
-def route_lines(g: Graph) -> list[str]:
-    """Addresses without kernel prefix routes, then one route per prefix with its side's congestion
-    control and initial congestion window (both route metrics, congctl and initcwnd: every
-    connection on that side takes them). A prefix off every subnet of its side has a gateway of
-    its family: the config refused it otherwise (config/sides.py unreachable_prefixes)."""
-    lines = []
+def routes(g: Graph) -> list[tuple[str, str, Side]]:
+    """The graph's routes: (destination, how it is reached, its side). The link's own subnet, where
+    no prefix covers it (a transit link to a router): its gateway, and the routers and other proxy
+    hosts there, are reached on the link. Then one route per prefix. A prefix off every subnet of
+    its side has a gateway of its family: the config refused it otherwise (config/sides.py
+    unreachable_prefixes)."""
+    out = []
     for side, dev in ((g.access, C_IN), (g.origin, S_IN)):
-        window = f" initcwnd {side.initcwnd}" if side.initcwnd else ""
-        for addr in side.addresses:
-            lines.append(f"addr add {addr} dev {dev} noprefixroute" + (" nodad" if addr.version == 6 else ""))
-        # The link's own subnet, where no prefix covers it (a transit link to a router): its
-        # gateway, and the routers and other proxy hosts there, are reached on the link.
         for addr in side.addresses:
             if not any(addr.network.subnet_of(net) and _onlink(side, net) for net in side.prefixes
                        if net.version == addr.version):
-                lines.append(f"route replace {addr.network} dev {dev} scope link src {addr.ip} proto static "
-                             f"congctl {side.congestion}{window}")
+                out.append((str(addr.network), f"dev {dev} scope link src {addr.ip}", side))
         for net in side.prefixes:
             if _onlink(side, net):
                 src = next(a.ip for a in side.addresses if a.version == net.version and net.subnet_of(a.network))
-                via = f"dev {dev} scope link src {src}"
+                out.append((str(net), f"dev {dev} scope link src {src}", side))
             else:
-                via = f"via {_gateway(side, net.version)} dev {dev}"
-            lines.append(f"route replace {net} {via} proto static congctl {side.congestion}{window}")
+                out.append((str(net), f"via {_gateway(side, net.version)} dev {dev}", side))
+    return out
+
+
+def route_line(dst: str, via: str, congestion: str, initcwnd: int) -> str:
+    """A route with its side's congestion control and initial congestion window: route metrics
+    (congctl, initcwnd), so every connection on that side takes them."""
+    window = f" initcwnd {initcwnd}" if initcwnd else ""
+    return f"route replace {dst} {via} proto static congctl {congestion}{window}"
+
+
+def route_lines(g: Graph) -> list[str]:
+    """Addresses without kernel prefix routes, then the routes."""
+    lines = []
+    for side, dev in ((g.access, C_IN), (g.origin, S_IN)):
+        lines += [f"addr add {addr} dev {dev} noprefixroute" + (" nodad" if addr.version == 6 else "")
+                  for addr in side.addresses]
+        lines += [route_line(dst, via, s.congestion, s.initcwnd) for dst, via, s in routes(g) if s is side]
     return lines
 
 
@@ -319,8 +409,9 @@ def _flow_graph(pins: str, slot: int, flags: int, listen_port: int, addrs: list,
                         tuple(limits or (0, 0)), nsutil.netns_cookie(netns) if netns else None)
 
 
-def flow_graph_step(cfg: Config, g: Graph, n: GraphNames, limits: tuple[int, int]) -> Step:
-    pins = cfg.instance_names().flow_pins
+def flow_graph_step(cfg: Config, g: Graph, n: GraphNames, limits: tuple[int, int], pins: str | None = None) -> Step:
+    """The graph's entries in the flow maps pinned in pins (default the instance's)."""
+    pins = pins or cfg.instance_names().flow_pins
     flags, listen, control = flow_flags(g)
     addrs = [str(a.ip) for s in (g.access, g.origin) for a in s.addresses]
     ports = [list(r) for r in g.proxy.ports or ()]
@@ -334,12 +425,9 @@ def flow_graph_step(cfg: Config, g: Graph, n: GraphNames, limits: tuple[int, int
 
 
 def flow_attach_batch(pins: str) -> str:
-    lines = []
-    for dev in (C_IN, S_IN):
-        lines += [f"qdisc add dev {dev} clsact",
-                  *(f"filter add dev {dev} {hook} pref {FLOW_PREF} handle 1 bpf direct-action object-pinned "
-                    f"{pins}/prog/{prog}" for hook, prog in (("ingress", flow_maps.PROGRAM),
-                                                             ("egress", flow_maps.EGRESS_PROGRAM)))]
+    lines = [f"qdisc add dev {dev} clsact" for dev in (C_IN, S_IN)]
+    lines += [" ".join(filter_words("add", dev, hook, pref, f"{pins}/prog/{prog}"))
+              for dev, hook, pref, prog in flow_attachments()]
     return "\n".join(lines) + "\n"
 
 
@@ -352,14 +440,17 @@ def flow_attach_batch(pins: str) -> str:
 BPF_SYSCTLS = [("net.ipv4.tcp_rfc1337", "0")]
 
 
+def graph_sysctls(g: Graph) -> list[tuple[str, str]]:
+    return NETNS_SYSCTLS + (PROXY_SYSCTLS if g.proxy.enabled else []) + \
+        (BPF_SYSCTLS if g.proxy.enabled and g.proxy.interception == "bpf" else [])
+
+
 def graph_steps(cfg: Config, g: Graph) -> list[Step]:
     """The graph's namespace: links, addresses, routes, sysctls."""
     n = cfg.graph_names(g)
-    sysctls = NETNS_SYSCTLS + (PROXY_SYSCTLS if g.proxy.enabled else []) + \
-        (BPF_SYSCTLS if g.proxy.enabled and g.proxy.interception == "bpf" else [])
     return [Step(f"links, addresses and routes of graph {g.name} in {n.netns}", ["ip", "-n", n.netns, "-batch", "-"],
                  input=graph_batch(cfg, g, n)),
-            Step(f"sysctls of {n.netns}", nsutil.sysctls_step_call(n.netns, sysctls))]
+            Step(f"sysctls of {n.netns}", nsutil.sysctls_step_call(n.netns, graph_sysctls(g)))]
 
 
 def graph_proxy_steps(cfg: Config, g: Graph, limits: tuple[int, int]) -> list[Step]:
@@ -481,7 +572,7 @@ def register_steps(cfg: Config) -> list[Step]:
     """The host's register of running instances: what checks.conflicts reads. The folder is shared
     by the instances of the host: whichever leaves it empty removes it."""
     n = cfg.instance_names()
-    text = json.dumps(register.register_entry(cfg), indent=1) + "\n"
+    text = register.register_text(cfg)
     return [Step(f"register instance {cfg.host.instance} in {REGISTER}",
                  Call("register", (n.register, text), f"mkdir -p {REGISTER} && cat > {n.register} <<'EOF'\n"
                       f"{text.rstrip()}\nEOF"),
@@ -553,5 +644,16 @@ def routing_steps(cfg: Config) -> list[Step]:
         steps.append(daemon_step(f"start FRR {daemon} in {ns}", in_netns(ns, routing.daemon_argv(daemon, folder)),
                                  routing.frr_file(folder, daemon, "pid"), routing.frr_file(folder, daemon, "out"),
                                  lambda vty=vty: os.path.exists(vty)))
+        if daemon == "bfdd":
+            steps.append(pin_step(ns, [routing.frr_file(folder, d, "pid") for d in ("zebra", "bfdd")]))
     return steps
 
+
+def pin_step(ns: str, pidfiles: list[str]) -> Step:
+    """bfdd opens an IPv4 packet socket on every device (for BFD echo, which pepctl does not
+    configure) as it starts, before its vty. In the graph's namespace it would make the kernel hand
+    every IPv4 packet to ip_rcv shared, which drops the socket bpf_sk_assign gave a new flow
+    (docs/routing.md). So it is bound to lo before bgpd starts: before any router sends this host
+    a subscriber's packet."""
+    shown = f"# pepctl: bind the IP packet sockets of {', '.join(pidfiles)} to lo (pidfd_getfd(2), bind(2))"
+    return Step(f"keep FRR's packet sockets off {ns}'s traffic", Call("pin_packet_sockets", (ns, pidfiles), shown))

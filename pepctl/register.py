@@ -27,14 +27,25 @@ def congestion_of(cfg: Config) -> list[str]:
     return sorted({s.congestion for g in cfg.graphs for s in (g.access, g.origin)})
 
 
+# The entry's format ("format"): 1, the entries before the key; 2, with it. Readers take both (every
+# key of 1 is in 2); `pepctl upgrade` rewrites an instance's entry in this format.
+REGISTER_FORMAT = 2
+
+
 def register_entry(cfg: Config) -> dict:
     """What the host's register says of an instance that is up: enough to refuse a second one."""
     n = cfg.instance_names()
-    return {"instance": cfg.host.instance, "config": cfg.path, "run_dir": cfg.host.run_dir, "bpf_dir": cfg.host.bpf_dir,
+    return {"format": REGISTER_FORMAT, "instance": cfg.host.instance, "config": cfg.path,
+            "run_dir": cfg.host.run_dir, "bpf_dir": cfg.host.bpf_dir,
             "journal": n.journal, "pins": n.pins, "nic": cfg.host.nic, "netns": netns_id(),
             "vlans": sorted(v for g in cfg.graphs for v in (g.access.vlan, g.origin.vlan)),
             "metrics": [cfg.host.metrics_address, cfg.host.metrics_port],
             "congestion": congestion_of(cfg)}
+
+
+def register_text(cfg: Config) -> str:
+    """The instance's entry, as its file holds it."""
+    return json.dumps(register_entry(cfg), indent=1) + "\n"
 
 
 def running_instances() -> list[dict]:

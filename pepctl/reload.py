@@ -117,11 +117,7 @@ def steps(cfg: Config, old: Config, info: HostInfo) -> list[Step]:
     proxied = any(g.proxy.enabled for g in cfg.graphs)
     out = []
     if proxied:
-        text = haproxy_config(cfg, info)
-        out += [Step(f"write {n.haproxy_cfg_new}", Call("write", (n.haproxy_cfg_new, text, 0o640, info.proxy_gid),
-                                                        f"cat > {n.haproxy_cfg_new} <<'EOF'\n{text.rstrip()}\nEOF"),
-                     undo=Call("remove", (n.haproxy_cfg_new,), f"rm {n.haproxy_cfg_new}")),
-                Step(f"check {n.haproxy_cfg_new}", haproxy_check_argv(n, n.haproxy_cfg_new))]
+        out += haproxy_prepare_steps(n, haproxy_config(cfg, info), info.proxy_gid)
     limits = graph_limits(cfg, info), graph_limits(old, info)
     for g, o in zip(cfg.graphs, old.graphs, strict=True):
         if g.proxy.enabled:
@@ -129,15 +125,29 @@ def steps(cfg: Config, old: Config, info: HostInfo) -> list[Step]:
     if cfg.routing is not None and cfg.routing != old.routing:
         out.append(routing_step(cfg, old))
     if proxied:
-        with open(n.haproxy_cfg) as f:
-            running = f.read()
-        out.append(Step("replace HAProxy's config and reload HAProxy (its supervisor starts a new one; the old "
-                        "one finishes its connections)",
-                        Call("haproxy_reload", (n.dir, n.haproxy_cfg_new),
-                             f"mv {n.haproxy_cfg_new} {n.haproxy_cfg}; kill -HUP $(cat {n.supervisor_pid})"),
-                        undo=Call("haproxy_restore", (n.dir, running, info.proxy_gid),
-                                  f"put back {n.haproxy_cfg} as it was; kill -HUP $(cat {n.supervisor_pid})")))
+        out.append(haproxy_swap_step(n, info.proxy_gid))
     return out
+
+
+def haproxy_prepare_steps(n, text: str, gid: int | None) -> list[Step]:
+    """HAProxy's next config written beside the running one, and checked."""
+    return [Step(f"write {n.haproxy_cfg_new}", Call("write", (n.haproxy_cfg_new, text, 0o640, gid),
+                                                    f"cat > {n.haproxy_cfg_new} <<'EOF'\n{text.rstrip()}\nEOF"),
+                 undo=Call("remove", (n.haproxy_cfg_new,), f"rm {n.haproxy_cfg_new}")),
+            Step(f"check {n.haproxy_cfg_new}", haproxy_check_argv(n, n.haproxy_cfg_new))]
+
+
+def haproxy_swap_step(n, gid: int | None) -> Step:
+    """The checked config in place of the running one, and HAProxy reloaded with it through its
+    supervisor; undone by the running config and another reload."""
+    with open(n.haproxy_cfg) as f:
+        running = f.read()
+    return Step("replace HAProxy's config and reload HAProxy (its supervisor starts a new one; the old one finishes "
+                "its connections)",
+                Call("haproxy_reload", (n.dir, n.haproxy_cfg_new),
+                     f"mv {n.haproxy_cfg_new} {n.haproxy_cfg}; kill -HUP $(cat {n.supervisor_pid})"),
+                undo=Call("haproxy_restore", (n.dir, running, gid),
+                          f"put back {n.haproxy_cfg} as it was; kill -HUP $(cat {n.supervisor_pid})"))
 
 
 def graph_limits(cfg: Config, info: HostInfo) -> dict[str, tuple[int, int]]:
@@ -153,16 +163,7 @@ def graph_steps(cfg: Config, g, o, limits: tuple[int, int], old_limits: tuple[in
     pins = cfg.instance_names().flow_pins
     out = []
     if g.proxy.interception == "nft":
-        new = render_nft(g, table=gn.nft_table, mark=flow_maps.LOCAL_MARK)
-        with open(gn.nft_file) as f:
-            running = f.read()
-        if new != running:
-            out.append(Step(f"replace the nftables table {gn.nft_table} of graph {g.name} in {gn.netns}",
-                            Call("nft_table", (gn.netns, gn.nft_file, new),
-                                 f"cat > {gn.nft_file} <<'EOF'\n{new.rstrip()}\nEOF\n"
-                                 + " ".join(in_netns(gn.netns, ["nft", "-f", gn.nft_file]))),
-                            undo=Call("nft_table", (gn.netns, gn.nft_file, running),
-                                      f"load {gn.nft_table} of graph {g.name} as it was")))
+        out += nft_steps(g, gn)
     old_ports, new_ports = [list(r) for r in o.proxy.ports or ()], [list(r) for r in g.proxy.ports or ()]
     if old_ports != new_ports:
         out.append(Step(f"intercepted ports of graph {g.name}: {ports_text(new_ports)} (were {ports_text(old_ports)})",
@@ -184,6 +185,22 @@ def graph_steps(cfg: Config, g, o, limits: tuple[int, int], old_limits: tuple[in
     if rules_before != rules_after:
         out.append(bypass.change_step(cfg, g, rules_before, rules_after))
     return out
+
+
+def nft_steps(g, gn) -> list[Step]:
+    """A graph's nft table as the config renders it now, if the running one differs: replaced in
+    one transaction, undone by the running one."""
+    new = render_nft(g, table=gn.nft_table, mark=flow_maps.LOCAL_MARK)
+    with open(gn.nft_file) as f:
+        running = f.read()
+    if new == running:
+        return []
+    return [Step(f"replace the nftables table {gn.nft_table} of graph {g.name} in {gn.netns}",
+                 Call("nft_table", (gn.netns, gn.nft_file, new),
+                      f"cat > {gn.nft_file} <<'EOF'\n{new.rstrip()}\nEOF\n"
+                      + " ".join(in_netns(gn.netns, ["nft", "-f", gn.nft_file]))),
+                 undo=Call("nft_table", (gn.netns, gn.nft_file, running),
+                           f"load {gn.nft_table} of graph {g.name} as it was"))]
 
 
 def ports_text(ranges: list) -> str:

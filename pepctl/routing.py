@@ -3,16 +3,18 @@
 A split-TCP proxy must see both directions of a flow: the host that holds the client's socket
 must also get the server's answers. Routing keeps it so, with no protocol of our own:
 
-  - the subscriber space (routing.subscribers) is split into `shares` equal prefixes;
+  - the subscriber space (routing.subscribers, IPv4 and IPv6 networks) is split into `shares`:
+    share k is the k-th of `shares` equal prefixes of each network;
   - each share has a primary host and a backup: routing.assign, or else a stable hash
     (rendezvous: every host scores every share, the two best scores win), so adding a host moves
     only the shares it now wins, and removing one moves only its own;
   - each host announces over BGP, for every share it is primary or backup of:
-      toward the origin-side router: the share's prefix (that router routes by destination,
+      toward the origin-side router: the share's prefixes (that router routes by destination,
         and the answers are addressed to the subscriber);
-      toward the access-side router: the share's anchor, one /32 of routing.anchors (that router
-        sends a share's traffic, chosen by its source, toward its anchor: a route per share in a
-        table of its own, resolved through BGP);
+      toward the access-side router: the share's anchors, a /32 (/128) of routing.anchors per
+        family (that router sends a share's traffic, chosen by its source, toward its anchor: a
+        route per share and family in a table of its own, resolved through BGP);
+    each family over the sessions of its own (an IPv4 and an IPv6 session to each router);
     primary shares plainly, backup shares with the host's AS prepended 3 times, so both routers
     pick the same host for a share, and the backup as soon as the primary is gone;
   - BFD on every session: a dead host's routes go within a second (detect-multiplier x interval).
@@ -27,26 +29,37 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 from dataclasses import dataclass
 
 BACKUP_PREPEND = 3       # AS path prepends on backup announcements: longer than any primary's path
 FRR_DAEMONS = ("zebra", "bfdd", "bgpd")
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+# FRR's words for a family: its prefix lists, its address family in bgpd.
+PREFIX_LIST = {4: "ip prefix-list", 6: "ipv6 prefix-list"}
+MATCH = {4: "match ip address prefix-list", 6: "match ipv6 address prefix-list"}
+AFI = {4: "ipv4 unicast", 6: "ipv6 unicast"}
 
 
 @dataclass(frozen=True)
 class Peer:
     side: str                              # "access" | "origin": the graph side the router is on
-    address: ipaddress.IPv4Address
+    address: Address                       # its family is the family of the prefixes the session carries
     asn: int
 
 
 @dataclass(frozen=True)
 class Member:
-    """A proxy host of the cluster: its name and its graph's addresses toward the two routers (a
-    draining host sends the new flows of its shares to their other host there)."""
+    """A proxy host of the cluster: its name and its graph's addresses toward the two routers, one
+    of each family the subscribers have (a draining host sends the new flows of its shares to
+    their other host there)."""
     name: str
-    access: ipaddress.IPv4Address
-    origin: ipaddress.IPv4Address
+    access: tuple[Address, ...]
+    origin: tuple[Address, ...]
+
+    def address(self, side: str, version: int) -> Address:
+        return next(a for a in (self.access if side == "access" else self.origin) if a.version == version)
 
 
 @dataclass(frozen=True)
@@ -56,34 +69,48 @@ class Routing:
     router_id: ipaddress.IPv4Address
     host: str                              # this host's name, one of hosts
     hosts: tuple[Member, ...]              # every proxy host of the cluster
-    subscribers: ipaddress.IPv4Network     # the space split into shares
+    subscribers: tuple[Network, ...]       # the spaces each split into shares, IPv4 and IPv6
     shares: int                            # a power of 2
-    anchors: ipaddress.IPv4Network         # share k's anchor: the k-th address of it
+    anchors: tuple[Network, ...]           # one per family: share k's anchor is the k-th address of it
     peers: tuple[Peer, ...]
     bfd_interval_ms: int
     bfd_multiplier: int
     assign: tuple[tuple[int, str, str], ...] = ()   # (share, primary, backup) given by the config
 
 
-def share_prefixes(r: Routing) -> list[ipaddress.IPv4Network]:
+def families(r: Routing) -> list[int]:
+    """The IP versions of the subscriber space, 4 first."""
+    return sorted({net.version for net in r.subscribers})
+
+
+def share_prefixes(r: Routing) -> list[tuple[Network, ...]]:
+    """share k -> its prefixes: the k-th of the `shares` equal parts of each subscriber network."""
     bits = (r.shares - 1).bit_length()
-    return list(r.subscribers.subnets(prefixlen_diff=bits))
+    parts = [list(net.subnets(prefixlen_diff=bits)) for net in r.subscribers]
+    return [tuple(p[k] for p in parts) for k in range(r.shares)]
 
 
-def anchor(r: Routing, share: int) -> ipaddress.IPv4Address:
-    return anchor_of(r.anchors, share)
+def anchors(r: Routing, share: int) -> tuple[Address, ...]:
+    """Share k's anchors, one per family."""
+    return tuple(anchor_of(net, share) for net in r.anchors)
 
 
-def anchor_of(anchors: ipaddress.IPv4Network, share: int) -> ipaddress.IPv4Address:
+def anchor_of(anchors: Network, share: int) -> Address:
     return anchors.network_address + share
 
 
-def share_of(r: Routing, address: ipaddress.IPv4Address) -> int | None:
+def host_route(address: Address) -> Network:
+    """An anchor as the route announced: a /32 or a /128."""
+    return ipaddress.ip_network(address)
+
+
+def share_of(r: Routing, address: Address) -> int | None:
     """The share an address falls in, None outside the subscriber space."""
-    if address not in r.subscribers:
+    net = next((n for n in r.subscribers if n.version == address.version and address in n), None)
+    if net is None:
         return None
     bits = (r.shares - 1).bit_length()
-    return (int(address) - int(r.subscribers.network_address)) >> (32 - r.subscribers.prefixlen - bits)
+    return (int(address) - int(net.network_address)) >> (net.max_prefixlen - net.prefixlen - bits)
 
 
 def score(share: int, host: str) -> int:
@@ -126,56 +153,68 @@ def other_host(r: Routing, share: int) -> Member | None:
     return member(r, other) if other and other != r.host else None
 
 
-def _prefix_list(name: str, nets: list) -> list[str]:
-    if not nets:
-        return [f"ip prefix-list {name} seq 5 deny any"]
-    return [f"ip prefix-list {name} seq {5 * (i + 1)} permit {net}" for i, net in enumerate(nets)]
-
-
-def announced(r: Routing, drained: bool = False) -> dict[str, dict[str, list]]:
-    """side -> role -> the networks announced to that side's routers."""
+def announced(r: Routing, drained: bool = False) -> dict[str, dict[str, list[Network]]]:
+    """side -> role -> the networks announced to that side's routers, both families."""
     mine = {} if drained else roles(r)
     prefixes = share_prefixes(r)
-    return {side: {role: [prefixes[k] if side == "origin" else ipaddress.ip_network(f"{anchor(r, k)}/32")
-                          for k, got in sorted(mine.items()) if got == role]
+    return {side: {role: [net for k, got in sorted(mine.items()) if got == role
+                          for net in (prefixes[k] if side == "origin" else map(host_route, anchors(r, k)))]
                    for role in ("primary", "backup")}
             for side in ("access", "origin")}
 
 
 def prefix_lists(r: Routing, drained: bool = False) -> dict[str, list[str]]:
-    """The prefix lists that say what this host announces: pep-SIDE-ROLE -> its lines."""
+    """The prefix lists that say what this host announces, one per side, role and family of the
+    subscribers: "ip prefix-list pep-SIDE-ROLE" (or "ipv6 ...") -> its lines."""
     routes = announced(r, drained)
-    return {f"pep-{side}-{role}": _prefix_list(f"pep-{side}-{role}", routes[side][role])
-            for side in ("access", "origin") for role in ("primary", "backup")}
+    out = {}
+    for side in ("access", "origin"):
+        for role in ("primary", "backup"):
+            for v in families(r):
+                head = f"{PREFIX_LIST[v]} pep-{side}-{role}"
+                nets = [n for n in routes[side][role] if n.version == v]
+                out[head] = [f"{head} seq {5 * (i + 1)} permit {net}" for i, net in enumerate(nets)] or \
+                    [f"{head} seq 5 deny any"]
+    return out
 
 
 def bgpd_config(r: Routing, hostname: str, drained: bool = False) -> str:
     """bgpd's config: sessions to the routers (BFD on each), this host's shares out, nothing in.
-    drained: every announcement withdrawn (the prefix lists permit nothing)."""
+    A session carries the family of its peer's address (an IPv4 session IPv4 prefixes, an IPv6 one
+    IPv6 prefixes), as two sessions per router are usual for dual stack. drained: every
+    announcement withdrawn (the prefix lists permit nothing)."""
     lines = ["frr defaults datacenter", f"hostname {hostname}", "!"]
     for pl in prefix_lists(r, drained).values():
         lines += pl
     for side in ("access", "origin"):
-        lines += [f"route-map pep-to-{side} permit 10", f" match ip address prefix-list pep-{side}-primary",
-                  f"route-map pep-to-{side} permit 20", f" match ip address prefix-list pep-{side}-backup",
-                  f" set as-path prepend {' '.join([str(r.asn)] * BACKUP_PREPEND)}",
-                  f"route-map pep-to-{side} deny 100"]
+        # A match of one family's prefix list never matches a route of the other family.
+        for i, v in enumerate(families(r)):
+            lines += [f"route-map pep-to-{side} permit {10 + 20 * i}", f" {MATCH[v]} pep-{side}-primary",
+                      f"route-map pep-to-{side} permit {20 + 20 * i}", f" {MATCH[v]} pep-{side}-backup",
+                      f" set as-path prepend {' '.join([str(r.asn)] * BACKUP_PREPEND)}"]
+        lines.append(f"route-map pep-to-{side} deny 100")
     lines += ["route-map pep-nothing deny 10", "!",
               f"router bgp {r.asn}", f" bgp router-id {r.router_id}",
               # Announcements are exactly the prefix lists above: no best-path needed in a RIB.
-              " no bgp network import-check", " no bgp ebgp-requires-policy"]
+              " no bgp network import-check", " no bgp ebgp-requires-policy",
+              # Each session carries its own family only (activated below).
+              " no bgp default ipv4-unicast"]
     for p in r.peers:
         lines += [f" neighbor {p.address} remote-as {p.asn}", f" neighbor {p.address} bfd",
                   f" neighbor {p.address} bfd profile pep", f" neighbor {p.address} description {p.side} router"]
     # Every share is a network of every host; the prefix lists choose what goes out, so a change of
     # owners (a host added, a drain) is a change of prefix lists only.
-    lines.append(" address-family ipv4 unicast")
-    for k, net in enumerate(share_prefixes(r)):
-        lines += [f"  network {net}", f"  network {anchor(r, k)}/32"]
-    for p in r.peers:
-        lines += [f"  neighbor {p.address} route-map pep-nothing in",
-                  f"  neighbor {p.address} route-map pep-to-{p.side} out"]
-    lines += [" exit-address-family", "!"]
+    prefixes = share_prefixes(r)
+    for v in sorted(set(families(r)) | {p.address.version for p in r.peers}):
+        lines.append(f" address-family {AFI[v]}")
+        for k in range(r.shares):
+            lines += [f"  network {net}" for net in prefixes[k] if net.version == v]
+            lines += [f"  network {host_route(a)}" for a in anchors(r, k) if a.version == v]
+        for p in (p for p in r.peers if p.address.version == v):
+            lines += [f"  neighbor {p.address} activate", f"  neighbor {p.address} route-map pep-nothing in",
+                      f"  neighbor {p.address} route-map pep-to-{p.side} out"]
+        lines += [" exit-address-family"]
+    lines.append("!")
     return "\n".join(lines) + "\n"
 
 
@@ -225,6 +264,13 @@ def daemon_argv(daemon: str, folder: str) -> list[str]:
 
 
 FRR_FILES = ["*.conf", "*.pid", "*.out", "*.log", "*.vty", "zserv.api", "bfdd.sock", "*.tmp", "drained"]
+
+
+def summary_peers(text: str) -> dict[str, dict]:
+    """The sessions in `show bgp summary json`, by peer address: it has a table per address family
+    ("ipv4Unicast", "ipv6Unicast"), and a session carries one. ValueError if it is not JSON."""
+    return {addr: p for family in json.loads(text or "{}").values() if isinstance(family, dict)
+            for addr, p in family.get("peers", {}).items()}
 
 
 def vtysh_argv(folder: str, *commands: str) -> list[str]:

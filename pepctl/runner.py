@@ -17,6 +17,7 @@ pepctl process can be undone by another.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shlex
@@ -216,6 +217,18 @@ def write_file(path: str, content: str, mode: int = 0o644, gid: int | None = Non
     os.replace(tmp, path)
 
 
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def exchange(a: str, b: str) -> None:
+    """Swaps two paths in one step (renameat2 RENAME_EXCHANGE): a reader finds one or the other."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"exchange {a} and {b}: {os.strerror(err)}")
+
+
 @action("write")
 def _write(path: str, content: str, mode: int = 0o644, gid: int | None = None) -> None:
     write_file(path, content, mode, gid)
@@ -278,6 +291,13 @@ def _rm_tree(path: str) -> None:
 
 
 # -- the journal ----------------------------------------------------------------------------------
+# The journal's format, in its meta ("format"): 1, the journals before the key (they are read the
+# same); 2, with it and the digest of the datapath the instance runs ("datapath"). A pepctl reads
+# journals of its format and older; an instance whose journal is older is taken over by `pepctl
+# upgrade` (pepctl/upgrade.py), which rewrites it in this format.
+JOURNAL_FORMAT = 2
+
+
 class Journal:
     """What `up` made, kept on disk as JSON lines so `down` works from another process.
 
@@ -312,6 +332,10 @@ class Journal:
     @property
     def exists(self) -> bool:
         return os.path.exists(self.path)
+
+    @property
+    def format(self) -> int:
+        return self.meta.get("format", 1)
 
     def _append(self, entry: dict) -> None:
         with open(self.path, "a") as f:

@@ -31,12 +31,13 @@ import time
 from haproxy.supervise import haproxy_pids, is_our_haproxy, read_state
 
 from .names import EXPORTER_UNIT, SUPERVISOR_UNIT, InstanceNames, folder_names, unit_name
-from .runner import Call, StepError, action, pid_alive, read_pid, remove_file, run, stop_pid
+from .runner import Call, StepError, action, pid_alive, read_pid, remove_file, run, stop_pid, wait_for, write_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNITS_DIR = os.path.join(REPO, "etc", "systemd")
 UNIT_FILE = os.path.join(UNITS_DIR, SUPERVISOR_UNIT)
 EXPORTER_UNIT_FILE = os.path.join(UNITS_DIR, EXPORTER_UNIT)
+MAIN_UNIT = "pep.service"        # runs pepctl up, reload and down at boot and by systemctl
 EXPORTER_READY_TIMEOUT = 30.0
 INSTALLED_AT = "/opt/pep"        # where the unit files expect the checkout
 PEPCTL = os.path.join(REPO, "scripts", "pepctl")
@@ -294,6 +295,68 @@ def stop_supervisor(how: str, instance_dir: str, keeper_pid: str, supervisor_pid
         if is_our_haproxy(pid, cfg):
             stop_pid(pid, grace=5)
     remove_file(keeper_pid)
+
+
+@action("supervisor_swap")
+def swap_supervisor(how: str, instance_dir: str, journal: str, keeper_pid: str, keeper_log: str,
+                    supervisor_pid: str, state_path: str, unit: str) -> str:
+    """This checkout's supervisor in place of the running one, HAProxy left running: the old one
+    (and its keeper) are killed with SIGKILL, since told to stop a supervisor stops HAProxy, and
+    the new one adopts the HAProxy that runs, as after a crash (haproxy/supervise.py adopt). Under
+    systemd the unit starts it again by itself (Restart=always), from the unit as installed now.
+    Returns what happened, for the log."""
+    before = read_state(state_path).get("haproxy")
+    old = read_pid(supervisor_pid)
+    if how == "systemd":
+        run(["systemctl", "kill", "--kill-whom=main", "--signal=SIGKILL", unit])
+    else:
+        for pid, words in ((read_pid(keeper_pid), ("keep", instance_dir, SUPERVISOR_UNIT)),
+                           (old, ("supervise", instance_dir))):
+            if pid and _runs(pid, *words):
+                os.kill(pid, signal.SIGKILL)
+                wait_for(lambda pid=pid: not pid_alive(pid), timeout=10, what=f"pid {pid} to die of SIGKILL")
+        _start_keeper(instance_dir, journal, keeper_pid, keeper_log, SUPERVISOR_UNIT)
+
+    def adopted() -> int | None:
+        pid = read_pid(supervisor_pid)
+        if not pid or pid == old or not _runs(pid, "supervise", instance_dir):
+            return None
+        st = read_state(state_path)
+        ok = st.get("pid") == pid and st.get("ready") and st.get("haproxy") and pid_alive(st["haproxy"])
+        return pid if ok else None
+
+    try:
+        new = wait_for(adopted, timeout=READY_TIMEOUT, what="the new proxy supervisor to report HAProxy up")
+    except StepError as e:
+        raise StepError(f"{e}{_tail(keeper_log, folder_names(instance_dir).supervisor_log)}") from None
+    now = read_state(state_path).get("haproxy")
+    return (f"supervisor pid {new} took over from {old}; HAProxy pid {now} "
+            + ("adopted: its connections carry on" if now == before else f"started (pid {before} was not adopted)"))
+
+
+def unit_files() -> dict[str, str]:
+    """The units this checkout ships, by name: where each comes from."""
+    return {name: os.path.join(UNITS_DIR, name) for name in (MAIN_UNIT, SUPERVISOR_UNIT, EXPORTER_UNIT)}
+
+
+def unit_text(path: str) -> str:
+    """A unit of this checkout as installed: its paths those of this checkout (they name /opt/pep)."""
+    with open(path) as f:
+        return f.read().replace(INSTALLED_AT + "/", REPO + "/")
+
+
+def installed_unit(unit: str) -> str | None:
+    """The file systemd loaded unit from (for an instance of a template, the template's), or None."""
+    proc = run(["systemctl", "show", "--property=FragmentPath", "--value", unit], check=False)
+    path = proc.stdout.strip()
+    return path if proc.returncode == 0 and path and os.path.exists(path) else None
+
+
+@action("install_unit")
+def install_unit(path: str, text: str) -> None:
+    """A unit file written in place, and systemd told (daemon-reload)."""
+    write_file(path, text)
+    run(["systemctl", "daemon-reload"])
 
 
 def processes(n: InstanceNames) -> dict:

@@ -6,6 +6,11 @@ graph's listener exists and forwards it (fail-open) when it does not (tc/pep_flo
 asks the kernel whether the listener exists, in the graph's namespace, and says "proxy" or
 "fail-open" from that, the same fact the datapath decides by.
 
+An instance that another pepctl brought up and this one has not taken over (pepctl/upgrade.py)
+is reported with what does not depend on the maps' layouts (processes, listeners, HAProxy): the
+counters are read by this pepctl's layouts, which may not be the running datapath's, and the
+config means what this version makes of it. `upgrade` says why and what to do.
+
 A graph whose access side runs pep_radio gets one more line, from its radio_stats entry
 (pepctl/radio_maps.py): subscribers active in the last complete epoch and their mean estimated
 rate, the queueing delay held (mean and p95 of every control window since the graph's first
@@ -20,16 +25,24 @@ import time
 
 from haproxy import stats
 
-from . import bypass, congestion, drain, flow_maps, nsutil, radio_maps, service, steering
+from . import bypass, congestion, drain, flow_maps, nsutil, radio_maps, service, steering, upgrade
 from .config import Config, Graph
 from .names import congestion_pins, netns_path
 from .runner import Journal, StepError, run_json
 
+# The format of `status --json` ("format"): 1, before the key existed; 2, with it, "upgrade", and the
+# connections flow_conns counts.
+STATUS_FORMAT = 2
 
-def problems(cfg: Config) -> list[str]:
-    """What is missing from an instance that claims to be up."""
+
+def problems(cfg: Config, outdated: bool = False) -> list[str]:
+    """What is missing from an instance that claims to be up (outdated: one that another pepctl brought
+    up, whose congestion controls are those of its own reading of the config)."""
     n = cfg.instance_names()
     found = []
+    if os.path.exists(n.upgrade_journal):
+        found.append("an `upgrade` was cut short: `pepctl upgrade` finishes it (or rolls it back and upgrades again); "
+                     "`pepctl down` rolls it back and takes the instance down")
     if not os.path.isdir(n.pins):
         found.append(f"pins {n.pins} missing")
     links = {name for _, name in socket.if_nameindex()}
@@ -39,10 +52,13 @@ def problems(cfg: Config) -> list[str]:
             found.append(f"namespace {gn.netns} missing")
         found += [f"link {dev} missing" for dev in (gn.c_out, gn.s_out) if dev not in links]
         if g.proxy.enabled and g.proxy.interception == "bpf" and os.path.exists(netns_path(gn.netns)):
+            # One bound to another device (FRR's bfdd's, which up binds to lo) sees none of the graph's traffic.
+            seen = (0, gn.c_in_ifindex, gn.s_in_ifindex)
             found += [f"graph {g.name}: an {p['family']} packet socket is open in {gn.netns}, held by {p['held_by']}: "
                       "the kernel drops the socket the tc program gives each new flow, and resets the flow; close it "
-                      "(tcpdump is harmless), or use interception nft" for p in nsutil.ip_packet_sockets(gn.netns)]
-    for cc in congestion.used(cfg):
+                      "(tcpdump is harmless), bind it to lo, or use interception nft"
+                      for p in nsutil.ip_packet_sockets(gn.netns) if p["ifindex"] in seen]
+    for cc in congestion.used(cfg) if not outdated else ():
         try:
             state = congestion.registration(cc)
         except OSError as e:
@@ -115,11 +131,18 @@ def connections(pins: str, slot: int) -> dict:
 def collect(cfg: Config) -> dict:
     n = cfg.instance_names()
     journal = Journal(n.journal)
-    report: dict = {"instance": cfg.host.instance, "nic": cfg.host.nic, "graphs": []}
+    report: dict = {"format": STATUS_FORMAT, "instance": cfg.host.instance, "nic": cfg.host.nic, "graphs": []}
     if not journal.exists:
         report["state"] = "down"
         return report
-    bad = problems(cfg)
+    why = upgrade.outdated(cfg, journal)
+    if why is None and journal.complete and journal.meta.get("build") != upgrade.build_digest(cfg):
+        report["upgrade"] = {"required": False, "why": "this pepctl's code differs from the one that brought the "
+                                                       "instance up: `pepctl upgrade` restarts its processes with it"}
+    elif why is not None:
+        report["upgrade"] = {"required": True, "why": why + ("" if journal.format > upgrade.JOURNAL_FORMAT else
+                                                             ": `pepctl upgrade` takes it over in place")}
+    bad = problems(cfg, why is not None)
     report["state"] = "up" if journal.complete and not bad else ("starting" if not journal.complete else "damaged")
     report["problems"] = bad
     any_proxy = any(g.proxy.enabled for g in cfg.graphs)
@@ -129,24 +152,26 @@ def collect(cfg: Config) -> dict:
             procs["last_exit"] = {**procs["last_exit"], "at": _when(procs["last_exit"].get("at"))}
         report["proxy"] = procs
         hap = haproxy_report(n.haproxy_sock)
+    layout = (lambda fn, *args: {"error": "not read before `pepctl upgrade` (their layout may differ)"}) if why \
+        else _safe
     for g in cfg.graphs:
         gn = cfg.graph_names(g)
         entry: dict = {
             "name": g.name, "slot": gn.slot, "netns": gn.netns,
             "access_vlan": g.access.vlan, "origin_vlan": g.origin.vlan,
             "ports": {"access": gn.c_out, "origin": gn.s_out},
-            "steering": {side: _safe(steering.vlan_counters, n.steer_pins, vid)
+            "steering": {side: layout(steering.vlan_counters, n.steer_pins, vid)
                          for side, vid in (("access", g.access.vlan), ("origin", g.origin.vlan))},
             "proxy": {"enabled": g.proxy.enabled, "interception": g.proxy.interception},
         }
         if g.proxy.enabled:
             entry["proxy"].update(graph_mode(cfg, g))
             entry["proxy"]["haproxy"] = hap.get(gn.proxy, {}) if "error" not in hap else hap
-            entry["flows"] = _safe(bypass.counters, cfg, g)
-            entry["connections"] = _safe(connections, n.flow_pins, gn.slot)
+            entry["flows"] = layout(bypass.counters, cfg, g)
+            entry["connections"] = layout(connections, n.flow_pins, gn.slot)
             entry["experiment"] = {"control_fraction": g.experiment.control_fraction, "seed": g.experiment.seed}
         entry["congestion"] = {"access": g.access.congestion, "origin": g.origin.congestion}
-        if g.access.congestion == radio_maps.NAME:
+        if g.access.congestion == radio_maps.NAME and not why:
             entry["radio"] = _safe(radio_report, g, gn.netns)
         report["graphs"].append(entry)
     if cfg.routing is not None:
@@ -157,7 +182,7 @@ def collect(cfg: Config) -> dict:
         if report["problems"] and report["state"] == "up":
             report["state"] = "damaged"
     report["trunk"] = {"nic": _safe(nic_counters, cfg.host.nic),
-                       "reasons": _safe(steering.reason_counters, n.steer_pins)}
+                       "reasons": layout(steering.reason_counters, n.steer_pins)}
     return report
 
 
@@ -194,6 +219,9 @@ def print_table(report: dict, out) -> None:
     print(f"instance {report['instance']} on {report['nic']}: {report['state']}", file=out)
     for p in report.get("problems", []):
         print(f"  problem: {p}", file=out)
+    if report.get("upgrade"):
+        u = report["upgrade"]
+        print(f"  upgrade {'needed' if u['required'] else 'available'}: {u['why']}", file=out)
     proxy = report.get("proxy")
     if proxy:
         h = proxy["haproxy"]
@@ -210,6 +238,9 @@ def print_table(report: dict, out) -> None:
     for g in report["graphs"]:
         for side, vid in (("access", g["access_vlan"]), ("origin", g["origin_vlan"])):
             c = g["steering"][side]
+            if "error" in c:
+                print(f"  {g['name']:<12} {vid:>5} {side:<7} counters {c['error'][:60]}", file=out)
+                continue
             print(f"  {g['name']:<12} {vid:>5} {side:<7} {c.get('in_packets', 0):>12} {c.get('in_bytes', 0):>14} "
                   f"{c.get('out_packets', 0):>12} {c.get('out_bytes', 0):>14}", file=out)
         if "radio" in g:
@@ -247,7 +278,7 @@ def print_table(report: dict, out) -> None:
     if rt and "error" not in rt:
         d = rt.get("drain")
         drained = "" if not d else (" DRAINED: announces nothing" if d.get("withdrawn") else " DRAINING")
-        roles = list(rt["shares"].values())
+        roles = [x["role"] for x in rt["shares"].values()]
         print(f"  routing: host {rt['host']}, primary of {roles.count('primary')} shares, backup of "
               f"{roles.count('backup')}{drained}", file=out)
         for addr, p in rt.get("peers", {}).items():

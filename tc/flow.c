@@ -441,13 +441,13 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 	if (verdict == VERDICT_PROBE) {
 		/* On to the origin, forwarded as a bypassed flow's SYN is. */
 		syn_record(skb, k, p, o, w->side, 0);
-		marks_syn(k, p, o);
+		marks_syn(k, p, o, w->flags & GRAPH_F_KEEP_PORT);
 		count(w->slot, CNT_SYNS_PROBED);
 		measure_start(k, p, w, GROUP_TREATED);
 		return forward(skb, p, w->slot);
 	}
 	if (verdict == VERDICT_PROXY) {
-		marks_syn(k, p, o);
+		marks_syn(k, p, o, w->flags & GRAPH_F_KEEP_PORT);
 		measure_start(k, p, w, GROUP_TREATED);
 		return TC_ACT_OK;
 	}
@@ -561,9 +561,12 @@ static __always_inline int to_own_socket(struct __sk_buff *skb, const struct tcp
  * a client that left with nothing to send while the server connection was
  * being made), where the origin, routed, sees the FIN. Dropped, the FIN comes
  * again on the subscriber's retransmission timer, once the connection is up,
- * and goes on as a FIN (fin_deferred). With source_port = "kept" the proxy's
- * connection is found and its state read; else a subscriber that has sent no
- * data has its first bare FIN held back once. */
+ * and goes on as a FIN (fin_deferred). A flow proxied with the client's port
+ * kept (MARK_S_KEPT) has the proxy's connection found by its 4-tuple and its
+ * state read; any other (from a spare port, or proxied before this datapath
+ * ran: no marks) has its first bare FIN held back once if its subscriber sent
+ * no data. The graph's flag alone would hold forever the FIN of a flow whose
+ * proxy connected from a spare port before a reload or an upgrade set it. */
 static __always_inline int fin_too_early(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
 					 const struct flow_key *k, __u32 state)
 {
@@ -574,7 +577,8 @@ static __always_inline int fin_too_early(struct __sk_buff *skb, const struct tcp
 	if (w->side != SIDE_ACCESS || (p->flags & (TCP_FLAG_FIN | TCP_FLAG_RST | TCP_FLAG_SYN)) != TCP_FLAG_FIN ||
 	    payload_len(p) || (state != BPF_TCP_ESTABLISHED && state != BPF_TCP_SYN_RECV))
 		return 0;
-	if (w->flags & GRAPH_F_KEEP_PORT) {
+	m = bpf_map_lookup_elem(&marks, k);
+	if ((w->flags & GRAPH_F_KEEP_PORT) && m && (m->seen & MARK_S_KEPT)) {
 		sk = origin_sock(skb, p);
 		if (!sk)
 			return 1;
@@ -582,7 +586,6 @@ static __always_inline int fin_too_early(struct __sk_buff *skb, const struct tcp
 		bpf_sk_release(sk);
 		return b_state == BPF_TCP_SYN_SENT || b_state == BPF_TCP_LISTEN;
 	}
-	m = bpf_map_lookup_elem(&marks, k);
 	if (!m || (m->seen & (MARK_S_SUB_DATA | MARK_S_FIN_HELD)))
 		return 0;
 	m->seen |= MARK_S_FIN_HELD;

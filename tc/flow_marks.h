@@ -62,10 +62,13 @@ static __always_inline __u8 offer_flags(const struct syn_opts *o, int origin)
 }
 
 /* A first SYN to be proxied (or sent to the origin first): what its flow's
- * proxy side will carry. Replaces an entry of an earlier flow on the 4-tuple. */
-static __always_inline void marks_syn(const struct flow_key *k, const struct tcp_pkt *p, const struct syn_opts *o)
+ * proxy side will carry, and whether the proxy connects from the client's port
+ * (kept). Replaces an entry of an earlier flow on the 4-tuple. */
+static __always_inline void marks_syn(const struct flow_key *k, const struct tcp_pkt *p, const struct syn_opts *o,
+				      int kept)
 {
-	struct flow_marks m = { .sub_dscp = dscp_of(p), .sub_mss = o->mss, .flags = offer_flags(o, 0) };
+	struct flow_marks m = { .sub_dscp = dscp_of(p), .sub_mss = o->mss, .flags = offer_flags(o, 0),
+				.seen = kept ? MARK_S_KEPT : 0 };
 
 	if ((p->flags & (TCP_FLAG_ECE | TCP_FLAG_CWR)) == (TCP_FLAG_ECE | TCP_FLAG_CWR))
 		m.flags |= MARK_F_SUB_ECN;   /* RFC 3168: an ECN-setup SYN */

@@ -8,6 +8,11 @@
  *   - pepctl/flow_maps.py            (struct formats, COUNTERS, flags, map names)
  *   - tests/bpf/test_flow_golden.py  (expected verdicts and counters)
  *   (tests/unit/test_flow_contract.py compares the first with this file)
+ * and keep what `pepctl upgrade` relies on to swap a running datapath for
+ * this one (pepctl/upgrade.py, pepctl/layouts.py): a map whose layout
+ * changes has its entries carried over field by field, by name (a field
+ * whose meaning changes takes a new name); a program keeps its name and its
+ * hook; a counter keeps its number.
  *
  * Where it runs: one set of programs and maps per instance. flow_ingress and
  * flow_egress are attached to tc clsact ingress and egress of c_in (access
@@ -226,6 +231,9 @@ struct flow_marks {
 #define MARK_F_ORG_OPTS  0x80  /* the origin's offer is known */
 #define MARK_S_SUB_DATA  0x1   /* the subscriber has sent data (mode bpf) */
 #define MARK_S_FIN_HELD  0x2   /* a FIN of the subscriber's was held back once (fin_deferred) */
+#define MARK_S_KEPT      0x4   /* decided with GRAPH_F_KEEP_PORT: the proxy connects from the client's
+				* port. A flow proxied before (source_port "any" then, or an older
+				* datapath: pepctl upgrade) is told by its flags of its own day */
 
 /* syns: LRU_HASH flow_key -> flow_syn. The honest handshake (GRAPH_F_HONEST,
  * mode bpf): a first SYN that would be proxied goes on to the origin first,
@@ -308,7 +316,9 @@ struct flow_est {
 };
 
 /* flow_stats: PERCPU_ARRAY[PEP_GRAPHS_MAX * CNT_MAX] of __u64, indexed by
- * graph slot * CNT_MAX + enum flow_counter. */
+ * graph slot * CNT_MAX + enum flow_counter. A counter keeps its number: new
+ * ones go at the end (pepctl upgrade carries a running instance's counters
+ * over by number, pepctl/flow_maps.py stats_index). */
 enum flow_counter {
 	CNT_FLOWS_PROXIED = 0,      /* first SYNs decided PROXY */
 	CNT_FLOWS_BYPASS_RULE,      /* first SYNs decided BYPASS_RULE */

@@ -52,7 +52,11 @@ PROXY_DEFAULTS: dict[str, Any] = {
     "handshake": None,      # "honest" in mode bpf, which alone can make it; "early" otherwise
 }
 PROXY_KEYS = tuple(PROXY_DEFAULTS)
-DEFAULT_CONGESTION = {"access": "bbr", "origin": "cubic"}
+# The access side's default is pepctl's own pep_radio: bench responsiveness measured it, BBR and
+# end-to-end CUBIC side by side on trace-driven radio links, and it alone kept small requests near
+# the idle link's latency under a download (docs/measured.md, congestion/README.md "Why it is the
+# default"). Toward origins, CUBIC.
+DEFAULT_CONGESTION = {"access": radio_maps.NAME, "origin": "cubic"}
 # Congestion controls pepctl brings itself: no kernel offers them before `up` registers them
 # (pepctl/congestion.py). pep_radio keeps its state per subscriber, the access side's peers.
 OWN_CONGESTION = (radio_maps.NAME,)

@@ -376,9 +376,10 @@ def expect_syn(flow: tuple, want: str | None) -> Do:
     return Do(f"the record of {flow} is {want}", check)
 
 
-def marks(flow: tuple, sub_dscp: int, org_dscp: int, flags: int, sub_mss: int = 0, org_mss: int = 0) -> Do:
-    return Do(f"marks of {flow} set to {sub_dscp:#x}, {org_dscp:#x}, {flags:#x}, MSS {sub_mss}, {org_mss}",
-              lambda dp: dp.set_marks(flow, sub_dscp, org_dscp, flags, sub_mss, org_mss))
+def marks(flow: tuple, sub_dscp: int, org_dscp: int, flags: int, sub_mss: int = 0, org_mss: int = 0,
+          seen: int = 0) -> Do:
+    return Do(f"marks of {flow} set to {sub_dscp:#x}, {org_dscp:#x}, {flags:#x}, seen {seen:#x}, MSS {sub_mss}, "
+              f"{org_mss}", lambda dp: dp.set_marks(flow, sub_dscp, org_dscp, flags, sub_mss, org_mss, seen))
 
 
 def tw_syn(cport: int, sport: int, seq: int) -> Packet:
@@ -702,10 +703,25 @@ CASES = [
         Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40191, dport=7105, flags="FA"), 1),
              TC_ACT_OK, counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
         graph_flags(1, G1["flags"] | fm.GRAPH_F_KEEP_PORT, LPORT1),
+        marks((TW_CLIENT, 40191, TW_SERVER, 7105, 1), 0, 0, fm.MARK_F_SUB_OPTS, seen=fm.MARK_S_KEPT),
         Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40191, dport=7105, flags="FA"), 1),
              TC_ACT_SHOT, counters=cnt(pkts_assigned=1, fin_deferred=1), mark=fm.LOCAL_MARK),
         Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40191, dport=7105, flags="FPA")
                                   / b"last", 1),
+             TC_ACT_OK, counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK)]),
+    Case("fin-kept-port-earlier-flow", "KEEP_PORT, ASSIGN (slot 1), a flow proxied before the flag was set (a "
+         "reload to source_port kept, or an upgrade from a datapath without marks): its proxy connected from a "
+         "spare port, so no socket holds its 4-tuple on the origin side; its bare FIN goes (held, it would be "
+         "held for ever), and one of a flow decided with the flag unset is held once, as from a spare port", [
+        Do("an accepted connection with no origin side", lambda dp: dp.owned.append(dp.run_in_ns(
+            _half_gone, 40193, 7108))),
+        graph_flags(1, G1["flags"] | fm.GRAPH_F_KEEP_PORT, LPORT1),
+        Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40193, dport=7108, flags="FA"), 1),
+             TC_ACT_OK, counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK),
+        marks((TW_CLIENT, 40193, TW_SERVER, 7108, 1), 0, 0, fm.MARK_F_SUB_OPTS),
+        Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40193, dport=7108, flags="FA"), 1),
+             TC_ACT_SHOT, counters=cnt(pkts_assigned=1, fin_deferred=1), mark=fm.LOCAL_MARK),
+        Send("access1", on_access(IP(src=TW_CLIENT, dst=TW_SERVER) / TCP(sport=40193, dport=7108, flags="FA"), 1),
              TC_ACT_OK, counters=cnt(pkts_assigned=1), mark=fm.LOCAL_MARK)]),
     Case("fin-deferred-once", "ASSIGN (slot 1), a spare source port: a proxied flow's first bare FIN while "
          "its subscriber has sent nothing is held back once; the next goes; a subscriber that sent data has "
@@ -1275,9 +1291,9 @@ class FlowDatapath:
         return fm.SYN_STATES[fm.FLOW_SYN.unpack(raw)[1]] if raw is not None else None
 
     def set_marks(self, flow: tuple, sub_dscp: int, org_dscp: int, flags: int, sub_mss: int = 0,
-                  org_mss: int = 0) -> None:
+                  org_mss: int = 0, seen: int = 0) -> None:
         with fm.open_map(self.pins, "marks") as m:
-            m.update(fm.flow_key(*flow), fm.FLOW_MARKS.pack(sub_dscp, org_dscp, flags, 0, sub_mss, org_mss))
+            m.update(fm.flow_key(*flow), fm.FLOW_MARKS.pack(sub_dscp, org_dscp, flags, seen, sub_mss, org_mss))
 
     def counters(self) -> dict[int, dict[str, int]]:
         return {slot: fm.read_counters(self.pins, slot) for slot in SLOTS}

@@ -26,7 +26,10 @@ How right is told from wrong:
   still be answered (ICMP is not TCP: the stack answers it);
 - a bypassed flow on the listener's port: a connection bypassed by a client rule whose packets are
   addressed to port 50080 (the client's own source port 50080, so the origin's answers are; or
-  the origin's port 50080) must complete, byte for byte, and be remembered bypass_rule.
+  the origin's port 50080) must complete, byte for byte, and be remembered bypass_rule;
+- an IP packet socket in the graph's namespace: beside an IPv4 and an IPv6 one, connections of
+  both families fail in mode bpf (not in nft) and status names their holder; once pepctl's pin has
+  bound them to lo (what `up` does to FRR's bfdd's), they succeed and status names nothing.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import pytest
 from netns.addresses import ACCESS_GW4, ACCESS_GW6, CLIENT4, CLIENT6, ORIGIN4, ORIGIN6, ORIGIN_GW4, ORIGIN_GW6
 from netns.handle import PYTHON
 from pepctl import config as configmod
-from pepctl import flow_maps
+from pepctl import flow_maps, nsutil
 from pepctl.runner import wait_for
 
 LAB_MODES = {"bpf": ["--source-port", "any"], "nft": ["--interception", "nft", "--source-port", "any"]}
@@ -251,33 +254,45 @@ def test_bypassed_flow_on_the_listeners_port_is_not_taken_by_it(lab, pins, origi
 
 
 # -- an IP packet socket in the graph's namespace ------------------------------------------------------
-HOLD_PACKET_SOCKET = r"""
+HOLD_PACKET_SOCKETS = r"""
 import socket, sys, time
-s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
+held = [socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(proto)) for proto in (0x0800, 0x86DD)]
 print("open", flush=True)
 sys.stdin.readline()
 """
 
 
-def test_an_ipv4_packet_socket_in_the_graph_breaks_bpf_and_status_says_so(lab, pins, origin_server):
-    """The kernel (6.18) delivers a namespace's IPv4 packets to ip_rcv shared while a packet socket
-    is bound to IPv4 there (FRR's bfdd opens one for BFD echo); ip_rcv clones a shared packet, and
-    the clone has lost the socket bpf_sk_assign gave: the SYN meets no socket and is reset. nft's
-    tproxy assigns after that clone. So in mode bpf new flows fail while it is open, and status
-    names the socket's holder; in mode nft nothing changes."""
-    holder = lab.popen("pep", PYTHON, "-c", HOLD_PACKET_SOCKET, stdin=subprocess.PIPE)
+def test_an_ip_packet_socket_in_the_graph_breaks_bpf_until_pinned_to_lo(lab, pins, origin_server):
+    """The kernel (6.18) delivers a namespace's IPv4 (IPv6) packets to ip_rcv shared while a packet
+    socket is bound to IPv4 (IPv6) on every device there (FRR's bfdd opens an IPv4 one for BFD
+    echo); ip_rcv clones a shared packet, and the clone has lost the socket bpf_sk_assign gave: the
+    SYN meets no socket. nft's tproxy assigns after that clone. So in mode bpf new flows of both
+    families fail while they are open, and status names their holder; in mode nft nothing changes.
+    Bound to lo by pepctl's pin (what `up` does to bfdd's: taken from the holder with pidfd_getfd),
+    they see only lo's packets: flows work in both modes and status names nothing."""
+    holder = lab.popen("pep", PYTHON, "-c", HOLD_PACKET_SOCKETS, stdin=subprocess.PIPE)
+    targets = [(ORIGIN[4], 443), (ORIGIN[6], 443)]
+
+    def state() -> tuple[dict, list[str], str]:
+        got = connect_all(lab, "client", targets)
+        st = json.loads(lab.pepctl("status", "--json", check=False).stdout)
+        named = [p for p in st.get("problems", []) if "packet socket" in p and f"pid {holder.pid}" in p]
+        return {f: "error" not in got[f"{a} {p}"] for f, (a, p) in zip((4, 6), targets, strict=True)}, named, \
+            st["state"]
     try:
         assert holder.stdout.readline().strip() == "open", holder.stderr.read()
-        ok = "error" not in connect_all(lab, "client", [(ORIGIN[4], 443)])[f"{ORIGIN[4]} 443"]
-        st = json.loads(lab.pepctl("status", "--json", check=False).stdout)
-        named = [p for p in st.get("problems", []) if "IPv4 packet socket" in p and f"pid {holder.pid}" in p]
+        ok, named, st = state()
         if lab.interception == "bpf":
-            assert not ok, "client: a connection through the bpf graph succeeded with an IPv4 packet socket open there"
-            assert named and st["state"] == "damaged", f"status: state {st['state']}, problems {st['problems']}"
+            assert ok == {4: False, 6: False}, f"client: connections through the bpf graph beside IPv4 and IPv6 " \
+                                               f"packet sockets: {ok} (True: succeeded)"
+            assert len(named) == 2 and st == "damaged", f"status: state {st}, problems naming the holder {named}"
         else:
-            assert ok, "client: a connection through the nft graph failed beside a packet socket"
-            assert not named, f"status (mode nft) names the packet socket: {st['problems']}"
+            assert ok == {4: True, 6: True}, f"client: connections through the nft graph beside packet sockets: {ok}"
+            assert not named, f"status (mode nft) names the packet sockets: {named}"
+        pinned = nsutil.pin_packet_sockets(lab.netns("pep"), holder.pid)
+        assert sorted(p["family"] for p in pinned) == ["IPv4", "IPv6"], f"pinned {pinned}"
+        ok, named, _ = state()
+        assert ok == {4: True, 6: True}, f"client: connections with the packet sockets bound to lo: {ok}"
+        assert not named, f"status names packet sockets bound to lo: {named}"
     finally:
         holder.communicate(input="\n", timeout=10)
-    got = connect_all(lab, "client", [(ORIGIN[4], 443)])
-    assert "error" not in got[f"{ORIGIN[4]} 443"], f"client: connection failed once the packet socket closed: {got}"

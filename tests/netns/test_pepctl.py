@@ -107,7 +107,7 @@ def check_up_twice(host, conf):
 PLANS = [
     ("bpf", "", [
         "netns add {inst}-g1", "bpftool prog loadall", "tc filter add dev nic0 ingress",
-        "congctl bbr initcwnd 32", "congctl cubic", "rule add pref 100 fwmark 1 lookup 100",
+        "congctl pep_radio initcwnd 32", "congctl cubic", "rule add pref 100 fwmark 1 lookup 100",
         "object-pinned /sys/fs/bpf/{inst}/{inst}/flow/prog/flow_ingress",
         "frontend graph_g1", "bind 0.0.0.0:50080 transparent namespace {inst}-g1",
         "server origin 0.0.0.0 namespace {inst}-g1", "haproxy -c -q -f", "pepctl keep",

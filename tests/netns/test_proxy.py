@@ -47,6 +47,7 @@ from netns.addresses import (
     ORIGIN_URL6,
 )
 from netns.handle import PEP_LAB, PYTHON
+from netns.lab import DEFAULT_CONGESTION
 from pepctl import nsutil
 from pepctl.runner import wait_for
 
@@ -97,7 +98,7 @@ def _ss_sockets(lab) -> list[tuple[str, str, str]]:
     return found
 
 
-def test_bbr_toward_client_and_cubic_toward_origin(lab):
+def test_the_default_toward_client_and_cubic_toward_origin(lab):
     download = lab.popen("client", "curl", "-s", "-o", "/dev/null", "--limit-rate", "5M", "-m", "8",
                          f"{ORIGIN_URL4}/50m")
     try:
@@ -107,7 +108,8 @@ def test_bbr_toward_client_and_cubic_toward_origin(lab):
             to_origin = [i for local, peer, i in socks if peer == f"{ORIGIN4}:80"]
             return (to_client, to_origin) if to_client and to_origin else None
         to_client, to_origin = wait_for(both_sockets, timeout=5, what="both halves of the split flow in ss")
-        assert re.search(r"\bbbr\b", to_client[0]), f"pep: client-facing socket: expected bbr: {to_client[0]}"
+        assert re.search(rf"\b{DEFAULT_CONGESTION}\b", to_client[0]), \
+            f"pep: client-facing socket: expected {DEFAULT_CONGESTION}: {to_client[0]}"
         assert re.search(r"\bcubic\b", to_origin[0]), f"pep: origin-facing socket: expected cubic: {to_origin[0]}"
     finally:
         download.kill()
@@ -116,10 +118,10 @@ def test_bbr_toward_client_and_cubic_toward_origin(lab):
 
 def test_side_routes_carry_congctl_and_initial_window(lab):
     """Both are route metrics: every accepted (client-facing) or connecting (origin-facing)
-    socket takes the metrics of its route. Defaults: bbr and 32 segments toward the
-    subscribers; cubic and the kernel's initial window toward the origin."""
-    want = {ACCESS_NET4: {"congestion": "bbr", "initcwnd": 32},
-            ACCESS_NET6: {"congestion": "bbr", "initcwnd": 32},
+    socket takes the metrics of its route. Defaults: pepctl's own pep_radio and 32 segments toward
+    the subscribers; cubic and the kernel's initial window toward the origin."""
+    want = {ACCESS_NET4: {"congestion": DEFAULT_CONGESTION, "initcwnd": 32},
+            ACCESS_NET6: {"congestion": DEFAULT_CONGESTION, "initcwnd": 32},
             ORIGIN_NET4: {"congestion": "cubic"}, ORIGIN_NET6: {"congestion": "cubic"}}
     got = {}
     for fam in ("-4", "-6"):

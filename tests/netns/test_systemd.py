@@ -305,6 +305,52 @@ def test_reload_under_load_loses_no_connection(appliance):
     assert "Socket errors" not in wrk and "Non-2xx" not in wrk, f"client: connections lost across reload:\n{wrk}"
 
 
+def test_upgrade_after_a_new_checkout_swaps_units_and_supervisor_under_load(appliance):
+    """A checkout whose code and units changed (here: a comment in the supervisor and in its unit):
+    `pepctl upgrade` installs the unit, has systemd run this code's supervisor (which adopts the
+    running HAProxy: a download held across it completes) and exporter, and loses no connection."""
+    appliance.ensure_up()
+    before = appliance.status()["proxy"]
+    units = {u: appliance.unit(u, "MainPID") for u in (appliance.supervisor, appliance.exporter)}
+    mark = f"# upgraded {secrets.token_hex(4)}"
+    appliance.box.run(f"echo '{mark}' >> /opt/pep/haproxy/supervise.py && "
+                      f"echo '{mark}' >> /opt/pep/etc/systemd/pep-supervisor@.service")
+    held = appliance.lab.popen("client", "curl", "-s", "-o", "/dev/null", "--limit-rate", "4M", "-m", "30",
+                               "-r", f"0-{HELD_BYTES - 1}", "-w", "%{size_download}", "http://198.19.0.10/1g")
+    out = {}
+    load = threading.Thread(target=lambda: out.update(wrk=appliance.lab.run(
+        "client", "wrk", "-t1", "-c8", "-d5s", "-H", "Connection: close", "http://198.19.0.10/1k", timeout=40).stdout))
+    try:
+        wait_for(lambda: appliance.proxied_sockets() >= 2, timeout=10, what="the download's two sockets in HAProxy")
+        assert appliance.status()["upgrade"]["required"] is False, appliance.status().get("upgrade")
+        load.start()
+        time.sleep(1.5)
+        upgrade = appliance.box.run(f"{PEPCTL} upgrade", timeout=120)
+        load.join()
+        got, err = held.communicate(timeout=30)
+    finally:
+        if held.poll() is None:
+            held.kill()
+            held.wait()
+    assert "install /opt/pep/etc/systemd/pep-supervisor@.service as /etc/systemd/system/pep-supervisor@.service" \
+        in upgrade.stdout and f"HAProxy pid {before['haproxy']['pid']} adopted" in upgrade.stdout, upgrade.stdout
+    assert mark in appliance.box.run("cat /etc/systemd/system/pep-supervisor@.service").stdout
+    after = {u: appliance.unit(u, "MainPID") for u in units}
+    assert all(after[u]["MainPID"] not in ("0", units[u]["MainPID"]) for u in units), \
+        f"the supervisor's and exporter's units should run new processes: {units} -> {after}"
+    assert held.returncode == 0 and got == str(HELD_BYTES), \
+        f"client: the download across the upgrade: curl exit {held.returncode}, {got} bytes {err}"
+    wrk = out["wrk"]
+    done = re.search(r"(\d+) requests in", wrk)
+    assert done and int(done.group(1)) > 100, f"client: wrk made too few requests to tell:\n{wrk}"
+    assert "Socket errors" not in wrk and "Non-2xx" not in wrk, f"client: connections lost across upgrade:\n{wrk}"
+    status = appliance.status()
+    assert status["format"] == 2 and "upgrade" not in status and status["state"] == "up", status
+    again = appliance.box.run(f"{PEPCTL} upgrade")
+    assert "runs this pepctl already" in again.stdout, again.stdout
+    appliance.request()
+
+
 def test_journal_shows_each_units_lines(appliance):
     appliance.ensure_up()
     expect = {"pep.service": f"instance {appliance.instance} is", appliance.supervisor: "supervisor: HAProxy pid",

@@ -171,8 +171,9 @@ MALFORMED = [
      "graph[0].access.congctl", '"bbr"', 10, "congctl is the old name of congestion: keep only `congestion`"),
     ("pep_radio toward the origin", in_origin('congestion = "pep_radio"'), "graph[0].origin.congestion",
      '"pep_radio"', 12, "pep_radio is the access side's congestion control"),
-    ("queue target without pep_radio", in_access("queue_target_ms = 50"), "graph[0].access.queue_target_ms", "50",
-     9, 'this side\'s congestion is "bbr": set congestion = "pep_radio" in [graph.access], or remove'),
+    ("queue target without pep_radio", in_access('congestion = "bbr"\nqueue_target_ms = 50'),
+     "graph[0].access.queue_target_ms", "50", 10,
+     'this side\'s congestion is "bbr": set congestion = "pep_radio" in [graph.access], or remove'),
     ("queue target 0", in_access('congestion = "pep_radio"\nqueue_target_ms = 0'), "graph[0].access.queue_target_ms",
      "0", 10, "use 1-1000 milliseconds"),
     ("queue target above a second", in_access('congestion = "pep_radio"\nqueue_target_ms = 1001'),
@@ -453,7 +454,8 @@ def test_old_name_congctl_still_works_with_a_notice():
 def test_pep_radio_is_taken_though_the_kernel_does_not_offer_it_yet():
     """pepctl registers pep_radio itself at `up`: the kernel's list (here without it) does not refuse it.
     Its queue target defaults to radio.h's RADIO_TARGET_US; other sides keep 0 (unused)."""
-    cfg = parse(in_access('congestion = "pep_radio"') + GRAPH2, PATH, available_cc=CC)
+    cfg = parse(in_access('congestion = "pep_radio"') + GRAPH2.replace("vlan = 101", 'vlan = 101\ncongestion = "bbr"'),
+                PATH, available_cc=CC)
     g1, g2 = cfg.graphs
     assert (g1.access.congestion, g1.access.queue_target_ms) == ("pep_radio", radio_maps.TARGET_US // 1000)
     assert (g1.origin.congestion, g1.origin.queue_target_ms) == ("cubic", 0)
@@ -471,7 +473,8 @@ def test_defaults():
     g = cfg.graphs[0]
     assert (g.name, g.index) == ("g1", 0)
     assert g.access.prefixes == (ipaddress.ip_network("198.18.0.0/24"), ipaddress.ip_network("2001:2:0:1::/64"))
-    assert (g.access.congestion, g.origin.congestion) == ("bbr", "cubic")
+    assert (g.access.congestion, g.origin.congestion) == ("pep_radio", "cubic"), "pepctl's own toward subscribers"
+    assert g.access.queue_target_ms == radio_maps.TARGET_US // 1000
     assert (g.access.initcwnd, g.origin.initcwnd) == (32, 0), "initcwnd: 32 toward subscribers, kernel's to origin"
     assert g.access.gateways == ()
     p = g.proxy
@@ -549,11 +552,11 @@ def test_example_config_loads():
     assert cfg.notices == (), f"the example uses a deprecated key: {cfg.notices}"
     with open(path) as f:
         text = f.read()
-    # Commented out (bbr is the default), with the default the header has today.
+    # Commented out (its default), with the default the header has today.
     default = f"# queue_target_ms = {radio_maps.TARGET_US // 1000} "
     assert default in text, f"{path}: expected the line {default!r}, pep_radio's default (congestion/radio.h)"
-    uncommented = text.replace("# queue_target_ms", "queue_target_ms").replace('congestion = "bbr"',
-                                                                             'congestion = "pep_radio"', 1)
+    assert g.access.congestion == "pep_radio", f"{path}: the example shows the default toward subscribers"
+    uncommented = text.replace("# queue_target_ms", "queue_target_ms")
     assert parse(uncommented, path, available_cc=CC).graphs[0].access.queue_target_ms == radio_maps.TARGET_US // 1000
 
 

@@ -49,6 +49,9 @@ addresses = ["198.19.1.1/24"]
 """
 
 
+BBR = 'congestion = "bbr"'     # g2's access side, where a test does not say otherwise
+
+
 def steps_of(text: str) -> list[runner.Step]:
     return plan.build(parse(text, "/etc/pep/pep.toml", available_cc=CC), INFO)
 
@@ -60,7 +63,7 @@ def index(steps, what: str) -> int:
 
 
 def test_pep_radio_is_registered_after_bpffs_and_before_any_route():
-    steps = steps_of(CONFIG.format(g2_access=""))
+    steps = steps_of(CONFIG.format(g2_access=BBR))
     order = [index(steps, w) for w in ("register instance", "mount bpffs", "use congestion control pep_radio",
                                        "create 2 graph namespace", "set pep_radio's parameters of graph g1",
                                        "links, addresses and routes of graph g1",
@@ -76,7 +79,7 @@ def test_pep_radio_is_registered_after_bpffs_and_before_any_route():
 
 
 def test_the_registration_step_shows_what_it_runs_and_journals_a_shared_release():
-    steps = steps_of(CONFIG.format(g2_access=""))
+    steps = steps_of(CONFIG.format(g2_access=BBR))
     use = steps[index(steps, "use congestion control pep_radio")]
     pins = congestion_pins("pep_radio")
     journal = "/run/pep/h2u.journal"
@@ -102,14 +105,14 @@ def test_host_wide_names_carry_the_pep_prefix():
 
 
 def test_the_register_names_the_congestion_controls_in_use():
-    cfg = parse(CONFIG.format(g2_access=""), "/etc/pep/pep.toml", available_cc=CC)
+    cfg = parse(CONFIG.format(g2_access=BBR), "/etc/pep/pep.toml", available_cc=CC)
     assert register.register_entry(cfg)["congestion"] == ["bbr", "cubic", "pep_radio"]
     assert congestion.used(cfg) == ["pep_radio"]
     assert [g.name for g in congestion.radio_graphs(cfg)] == ["g1"]
 
 
 def test_no_pep_radio_no_registration():
-    text = CONFIG.format(g2_access="").replace('congestion = "pep_radio"\nqueue_target_ms = 30\n', "")
+    text = CONFIG.format(g2_access=BBR).replace('congestion = "pep_radio"\nqueue_target_ms = 30\n', BBR + "\n")
     steps = steps_of(text)
     assert not [s for s in steps if "pep_radio" in s.what or "pep_radio" in s.render()], \
         [s.what for s in steps if "pep_radio" in s.what]

@@ -61,7 +61,7 @@ def test_flags_and_constants_match_header():
     for name in ("GRAPH_F_ENABLED", "GRAPH_F_ASSIGN", "GRAPH_F_ALL_PORTS", "GRAPH_F_ORIGIN_SYNS", "GRAPH_F_MEASURE",
                  "GRAPH_F_PROXY_MPTCP", "GRAPH_F_KEEP_PORT", "GRAPH_F_HONEST", "MARK_F_SUB_ECN", "MARK_F_ORG_RESET",
                  "MARK_F_SUB_SACK", "MARK_F_SUB_TS", "MARK_F_ORG_SACK", "MARK_F_ORG_TS", "MARK_F_SUB_OPTS",
-                 "MARK_F_ORG_OPTS", "MARK_S_SUB_DATA", "MARK_S_FIN_HELD"):
+                 "MARK_F_ORG_OPTS", "MARK_S_SUB_DATA", "MARK_S_FIN_HELD", "MARK_S_KEPT"):
         assert _define(name) == getattr(fm, name), f"{name}: header {_define(name):#x}, pepctl {getattr(fm, name):#x}"
     assert _define("PEP_GRAPHS_MAX") == fm.GRAPHS_MAX
     assert _define("PEP_IFINDEX_BASE") == fm.IFINDEX_BASE
