@@ -6,8 +6,8 @@ proxied variant intercepts port 80 only, so the interception modes do the same w
   bpf           interception in the tc program (bpf_sk_assign), splice request+response, TCP mode:
                 the default; its metrics exporter is scraped every 5 s (pepctl/exporter.py:
                 datapath and proxy figures, fail-open polling, tcp_info sampling)
-  bpf-radio     bpf with pep_radio toward the subscriber (congestion/) instead of BBR: what the
-                access side's own congestion control costs is bpf-radio / bpf, paired
+  bpf-bbr       bpf with BBR toward the subscriber instead of the default pep_radio (congestion/):
+                what the access side's own congestion control costs is bpf / bpf-bbr, paired
   no-metrics    bpf without the metrics exporter (metrics_port = 0): what metrics and sampling
                 cost is bpf / no-metrics, paired
   nft           interception by an nftables tproxy table
@@ -51,7 +51,7 @@ PORT80 = ["--ports", "80"]
 VARIANTS = {
     "routed": ["--no-proxy"],
     "bpf": [*PORT80],
-    "bpf-radio": ["--congestion", "pep_radio", *PORT80],
+    "bpf-bbr": ["--congestion", "bbr", *PORT80],
     "no-metrics": ["--no-metrics", *PORT80],
     "nft": ["--interception", "nft", *PORT80],
     "route": ["--interception", "route", *PORT80],
@@ -260,10 +260,10 @@ def main() -> int:
     versus = {f"bpf/{v}": paired_ratio(raw["bpf"]["tps"], raw[v]["tps"]) for v in ("nft", "route", "no-metrics")
               if "bpf" in raw and v in raw}
     # pep_radio against BBR: the machine's CPU per transaction, and the proxy's own share, paired.
-    radio = ({"cpu_us_per_tx": paired_ratio(raw["bpf-radio"]["cpu_us_per_tx"], raw["bpf"]["cpu_us_per_tx"]),
-              "proxy_cpu_us_per_tx": paired_ratio(own_shares(raw, "bpf-radio"), own_shares(raw, "bpf")),
-              "tps": paired_ratio(raw["bpf-radio"]["tps"], raw["bpf"]["tps"])}
-             if {"bpf", "bpf-radio"} <= raw.keys() else {})
+    radio = ({"cpu_us_per_tx": paired_ratio(raw["bpf"]["cpu_us_per_tx"], raw["bpf-bbr"]["cpu_us_per_tx"]),
+              "proxy_cpu_us_per_tx": paired_ratio(own_shares(raw, "bpf"), own_shares(raw, "bpf-bbr")),
+              "tps": paired_ratio(raw["bpf"]["tps"], raw["bpf-bbr"]["tps"])}
+             if {"bpf", "bpf-bbr"} <= raw.keys() else {})
     table = [["variant", "1 KB tx/s", "ratio", "CPU us/tx", "proxy's us/tx", "its user/sys/softirq", "TTFB p50 us",
               "ratio", "TTFB p99 us", "ratio", "10 MB Gbit/s", "ratio", "errors"]]   # ratios paired; medians
     def cell(d: dict, key: str, spec: str) -> str:
