@@ -13,15 +13,22 @@
  *     buffer, whatever the capacity, and bounds what goes into a dead link.
  *   - Every control window (about one minimum RTT, at least 25 ms: radio links
  *     deliver in bursts, and a window must hold several), the law looks at
- *     what the flows delivered (bytes/s) and the least RTT sample (base RTT +
- *     the standing queue: its excess over the minimum RTT is the queueing
- *     delay) and sets the next window (radio_next_window): from the measured
- *     capacity when there is a queue, by growing it when there is none. A
- *     rise is bounded per window however many bytes one burst of ACKs brings
- *     (that burst is what inflates BBR's max filter on radio links).
+ *     what the flows delivered (bytes/s) and the least queue sample of the
+ *     window (the downlink's one-way delay over its floor, from the peer's
+ *     TCP timestamps: radio_queue_sample) and sets the next window
+ *     (radio_next_window): from the measured capacity when there is a queue,
+ *     by growing it when there is none. A rise is bounded per window however
+ *     many bytes one burst of ACKs brings (that burst is what inflates BBR's
+ *     max filter on radio links). Startup grows per ACK, as slow start does.
  *   - Loss is not a signal: radio links lose frames that have nothing to do
  *     with the queue, and a deep drop-tail buffer is never full at the target.
- *     Only delay is.
+ *     Only delay is, but for an overflow: a fifth of a window lost while the
+ *     queue is over the target (or unseen), or a retransmission timer while
+ *     ACKs keep coming (radio_end_window, radio_on_rto).
+ *   - The flows together never have more in flight than the window: each
+ *     gets its share, but no more than the others leave (radio_share).
+ *   - Every 10 s the window drains the queue for a round trip, so every flow
+ *     sees its floor again.
  *   - A pause of the link (no ACK for RADIO_SILENCE_US with data in flight:
  *     a scheduler's silence, an outage when it lasts RADIO_OUTAGE_US) is not
  *     congestion: the window that spans it is dropped, window and rate kept,
@@ -35,7 +42,7 @@
 #define PEP_RADIO_LAW_H
 
 #define RADIO_USEC 1000000ULL
-#define RADIO_WINDOW_MIN_US 25000          /* a control window is at least this long: several grants, and a round trip or two on 5G */
+#define RADIO_WINDOW_MIN_US 25000          /* a control window is at least this long: several grants */
 #define RADIO_WINDOW_MIN_BYTES 6000ULL     /* four packets: never below */
 #define RADIO_CWND_MIN 4                   /* packets */
 #define RADIO_OVERFLOW_PARTS 5             /* a window that lost 1/5 of what it sent overflowed the buffer */
@@ -68,8 +75,9 @@ static inline __u64 radio_delivery_rate(__u64 delivered, __u64 elapsed_us)
  *     queue) that at once when it is lower and the queue is over twice the
  *     target, but no less than half the old rate. Leaving startup, the rate
  *     is what was delivered: the guess it started from (a window over the
- *     handshake's RTT) says nothing of the link. window = rate x (path + target): a window above what is
- *     in flight now lets the queue fill to the target, one below it stops
+ *     handshake's RTT) says nothing of the link. window = rate x (path +
+ *     target): a window above what is in flight now lets the queue fill to
+ *     the target, one below it stops
  *     the flows until the queue has drained to the target. It is set from
  *     the capacity, not from the window before, so cuts never compound while
  *     the queue they act on is still draining.
