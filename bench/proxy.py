@@ -4,16 +4,16 @@ Labs side by side (same topology, same steering), measured alternately, REPS tim
 proxied variant intercepts port 80 only, so the interception modes do the same work:
   routed        proxy off: the pep namespace routes (the baseline of every ratio)
   bpf           interception in the tc program (bpf_sk_assign), splice request+response, TCP mode,
-                the honest handshake, the client's own port toward the origin: the default; its
-                metrics exporter is scraped every 5 s (pepctl/exporter.py: datapath and proxy
-                figures, fail-open polling, tcp_info sampling)
+                the honest handshake, the client's own port toward the origin, pep_radio toward the
+                subscriber: the default; its metrics exporter is scraped every 5 s (pepctl/exporter.py:
+                datapath and proxy figures, fail-open polling, tcp_info sampling)
   bpf-early     bpf as before the transparency work: the proxy answers a new flow's SYN at once
                 (handshake = "early") and connects from a spare port (source_port = "any"): what
                 the transparent default costs is bpf / bpf-early, paired
   bpf-any-port  bpf connecting from a spare port (source_port = "any"): what keeping the
                 client's port costs is bpf / bpf-any-port, paired
-  bpf-radio     bpf with pep_radio toward the subscriber (congestion/) instead of BBR: what the
-                access side's own congestion control costs is bpf-radio / bpf, paired
+  bpf-bbr       bpf with BBR toward the subscriber instead of the default pep_radio (congestion/):
+                what the access side's own congestion control costs is bpf / bpf-bbr, paired
   no-metrics    bpf without the metrics exporter (metrics_port = 0): what metrics and sampling
                 cost is bpf / no-metrics, paired
   nft           interception by an nftables tproxy table
@@ -59,7 +59,7 @@ VARIANTS = {
     "bpf": [*PORT80],
     "bpf-early": ["--handshake", "early", "--source-port", "any", *PORT80],
     "bpf-any-port": ["--source-port", "any", *PORT80],
-    "bpf-radio": ["--congestion", "pep_radio", *PORT80],
+    "bpf-bbr": ["--congestion", "bbr", *PORT80],
     "no-metrics": ["--no-metrics", *PORT80],
     "nft": ["--interception", "nft", *PORT80],
     "route": ["--interception", "route", *PORT80],
@@ -270,10 +270,10 @@ def main() -> int:
     if {"bpf", "bpf-early"} <= raw.keys():   # issue 26: the transparent default's cost in TTFB
         versus["bpf/bpf-early ttfb_p50"] = paired_ratio(raw["bpf"]["ttfb_p50_us"], raw["bpf-early"]["ttfb_p50_us"])
     # pep_radio against BBR: the machine's CPU per transaction, and the proxy's own share, paired.
-    radio = ({"cpu_us_per_tx": paired_ratio(raw["bpf-radio"]["cpu_us_per_tx"], raw["bpf"]["cpu_us_per_tx"]),
-              "proxy_cpu_us_per_tx": paired_ratio(own_shares(raw, "bpf-radio"), own_shares(raw, "bpf")),
-              "tps": paired_ratio(raw["bpf-radio"]["tps"], raw["bpf"]["tps"])}
-             if {"bpf", "bpf-radio"} <= raw.keys() else {})
+    radio = ({"cpu_us_per_tx": paired_ratio(raw["bpf"]["cpu_us_per_tx"], raw["bpf-bbr"]["cpu_us_per_tx"]),
+              "proxy_cpu_us_per_tx": paired_ratio(own_shares(raw, "bpf"), own_shares(raw, "bpf-bbr")),
+              "tps": paired_ratio(raw["bpf"]["tps"], raw["bpf-bbr"]["tps"])}
+             if {"bpf", "bpf-bbr"} <= raw.keys() else {})
     table = [["variant", "1 KB tx/s", "ratio", "CPU us/tx", "proxy's us/tx", "its user/sys/softirq", "TTFB p50 us",
               "ratio", "TTFB p99 us", "ratio", "10 MB Gbit/s", "ratio", "errors"]]   # ratios paired; medians
     def cell(d: dict, key: str, spec: str) -> str:

@@ -77,7 +77,7 @@ struct radio_sub {
 	__u32 flows;                       /* sockets open */
 	__u32 outages;
 	__u32 epoch;                       /* the last epoch it was counted active in */
-	__u8 startup;                      /* no queue seen yet: the window doubles per control window */
+	__u8 startup;                      /* no queue seen yet: the window grows by what each ACK delivers */
 	__u8 draining;                     /* this control window drains the queue: half the path flies */
 	__u8 pad[2];
 };

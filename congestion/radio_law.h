@@ -13,15 +13,22 @@
  *     buffer, whatever the capacity, and bounds what goes into a dead link.
  *   - Every control window (about one minimum RTT, at least 25 ms: radio links
  *     deliver in bursts, and a window must hold several), the law looks at
- *     what the flows delivered (bytes/s) and the least RTT sample (base RTT +
- *     the standing queue: its excess over the minimum RTT is the queueing
- *     delay) and sets the next window (radio_next_window): from the measured
- *     capacity when there is a queue, by growing it when there is none. A
- *     rise is bounded per window however many bytes one burst of ACKs brings
- *     (that burst is what inflates BBR's max filter on radio links).
+ *     what the flows delivered (bytes/s) and the least queue sample of the
+ *     window (the downlink's one-way delay over its floor, from the peer's
+ *     TCP timestamps: radio_queue_sample) and sets the next window
+ *     (radio_next_window): from the measured capacity when there is a queue,
+ *     by growing it when there is none. A rise is bounded per window however
+ *     many bytes one burst of ACKs brings (that burst is what inflates BBR's
+ *     max filter on radio links). Startup grows per ACK, as slow start does.
  *   - Loss is not a signal: radio links lose frames that have nothing to do
  *     with the queue, and a deep drop-tail buffer is never full at the target.
- *     Only delay is.
+ *     Only delay is, but for an overflow: a fifth of a window lost while the
+ *     queue is over the target (or unseen), or a retransmission timer while
+ *     ACKs keep coming (radio_end_window, radio_on_rto).
+ *   - The flows together never have more in flight than the window: each
+ *     gets its share, but no more than the others leave (radio_share).
+ *   - Every 10 s the window drains the queue for a round trip, so every flow
+ *     sees its floor again.
  *   - A pause of the link (no ACK for RADIO_SILENCE_US with data in flight:
  *     a scheduler's silence, an outage when it lasts RADIO_OUTAGE_US) is not
  *     congestion: the window that spans it is dropped, window and rate kept,
@@ -35,7 +42,7 @@
 #define PEP_RADIO_LAW_H
 
 #define RADIO_USEC 1000000ULL
-#define RADIO_WINDOW_MIN_US 25000          /* a control window is at least this long: several grants, and a round trip or two on 5G */
+#define RADIO_WINDOW_MIN_US 25000          /* a control window is at least this long: several grants */
 #define RADIO_WINDOW_MIN_BYTES 6000ULL     /* four packets: never below */
 #define RADIO_CWND_MIN 4                   /* packets */
 #define RADIO_OVERFLOW_PARTS 5             /* a window that lost 1/5 of what it sent overflowed the buffer */
@@ -68,15 +75,17 @@ static inline __u64 radio_delivery_rate(__u64 delivered, __u64 elapsed_us)
  *     queue) that at once when it is lower and the queue is over twice the
  *     target, but no less than half the old rate. Leaving startup, the rate
  *     is what was delivered: the guess it started from (a window over the
- *     handshake's RTT) says nothing of the link. window = rate x (path + target): a window above what is
- *     in flight now lets the queue fill to the target, one below it stops
+ *     handshake's RTT) says nothing of the link. window = rate x (path +
+ *     target): a window above what is in flight now lets the queue fill to
+ *     the target, one below it stops
  *     the flows until the queue has drained to the target. It is set from
  *     the capacity, not from the window before, so cuts never compound while
  *     the queue they act on is still draining.
  *   - Queue under half the target, a flow filled its window (`full`), and
  *     what was delivered covers three quarters of it: the link may take more;
- *     grow the window x2 in startup (no queue seen yet), else x1.5 (x1.25
- *     once the queue is over a quarter of the target). The last condition
+ *     grow the window x1.5 (x1.25 once the queue is over a quarter of the
+ *     target). In startup (no queue seen yet) it grew with every ACK instead,
+ *     by what the ACK delivered, as slow start does. The last condition
  *     holds a rise back until the one before it has been delivered: the
  *     queue it makes shows a round trip late.
  *   - Otherwise (no flow used it, or a receiver held it back): keep both.
@@ -98,7 +107,7 @@ static inline __u64 radio_next_window(__u64 window, __u64 *rate, __u8 *startup, 
 		next = *rate * (path_us + target_us) / RADIO_USEC;
 	} else if (full && measured * (path_us + qdelay_us) / RADIO_USEC * 4 >= window * 3) {
 		if (*startup)
-			next = 2 * window;
+			next = window;             /* it grew with every ACK (radio_on_ack) */
 		else
 			next = qdelay_us * 4 < target_us ? window + window / 2 : window + window / 4;
 		*rate = (*rate + measured) / 2;
@@ -286,16 +295,18 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
 	__u64 measured = radio_delivery_rate(sub->win_delivered, elapsed);
 	__u32 qd = sub->qdelay_us;
 
-	/* A fifth of what the window sent lost: the radio's buffer overflowed (a
-	 * window far above a capacity that fell, say tenfold at a handover).
-	 * That is congestion, whatever the delay says or cannot say (lost
-	 * packets' ACKs carry no RTT): what was delivered is the capacity, at
-	 * once. Isolated losses stay below it. */
+	/* A fifth of what the window sent lost, and a queue over the target or none
+	 * seen (lost packets' ACKs carry no RTT): the radio's buffer overflowed (a
+	 * window far above a capacity that fell, say tenfold at a handover). What
+	 * was delivered is the capacity, at once. Isolated losses stay below the
+	 * fifth, and losses while the delay stays low (a lossy radio, packets
+	 * reordered) are not congestion. */
 	if (sub->draining) {
 		/* (A drain's window says nothing of capacity: it held the flows back on purpose.) */
 		if (sub->win_qd_us != ~0U)
 			qd = sub->win_qd_us;
-	} else if (sub->win_lost * RADIO_OVERFLOW_PARTS > sub->win_delivered + sub->win_lost) {
+	} else if (sub->win_lost * RADIO_OVERFLOW_PARTS > sub->win_delivered + sub->win_lost &&
+		   (sub->win_qd_us == ~0U || sub->win_qd_us > sub->target_us)) {
 		sub->startup = 0;
 		if (measured < sub->rate)
 			sub->rate = measured;
@@ -442,6 +453,11 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 		f->window_id = sub->window_id + 1;
 		__sync_fetch_and_add(&sub->win_bulk, 1);
 	}
+	/* Startup grows the window by what each ACK delivered, as slow start does: double per round
+	 * trip, whatever the control window's length (25 ms at least, many round trips on a short
+	 * path). It ends at the first control window that sees a queue. */
+	if (sub->startup && !a->app_limited && a->prior_in_flight * 4 >= a->cwnd * 3)
+		__sync_fetch_and_add(&sub->window, a->acked_bytes);
 	/* The subscriber's flows together filled its window (this one filled its own, and with the
 	 * others' flight it came to three quarters of the window): only then may the window grow. One
 	 * held back by its receiver or its application says nothing of the link, and neither does a

@@ -103,9 +103,10 @@ def show_gain(lab: LabHandle) -> None:
                      plot_gain(c, f"{rtt} ms RTT, {loss}% loss, {rate} Mbit/s"))
     print_table_indented(rows)
     say("   (the e2e download is capped at 20 s; a 50 MB download and the whole grid: ./scripts/bench pep-gain)")
-    say("   The download gains because BBR keeps the lossy link full where end-to-end CUBIC backs off at")
-    say("   each loss; the page, because the proxy starts toward the client with a larger, paced initial")
-    say("   window (initcwnd 32). Uploads gain little: there the sender on the lossy link is the client.")
+    say(f"   The download gains because the proxy's {DEFAULT_CONGESTION} toward the client takes no loss for")
+    say("   congestion while the delay stays low, where end-to-end CUBIC backs off at each loss; the page,")
+    say("   because the proxy starts toward the client with a larger, paced initial window (initcwnd 32).")
+    say("   Uploads gain little: there the sender on the lossy link is the client.")
     say("   plot: results/demo-gain.png, numbers: results/demo-gain.json")
     say()
 

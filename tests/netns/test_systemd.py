@@ -41,7 +41,7 @@ import pytest
 from netns.container import Container, Root
 from netns.handle import LabHandle
 from netns.lab import Lab
-from pepctl import hostinfo
+from pepctl import congestion, hostinfo, radio_maps
 from pepctl.runner import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -125,6 +125,7 @@ class Appliance:
         self.supervisor = f"pep-supervisor@run-pep-{self.instance}.service"
         self.exporter = f"pep-exporter@run-pep-{self.instance}.service"
         self.baseline: dict = {}
+        self.congestion = ""      # the access side's, as install() wrote it
 
     def status(self) -> dict:
         """pepctl status --json inside; it exits 1 while the instance has a problem (a supervisor
@@ -201,7 +202,15 @@ def appliance():
 def install(app: Appliance) -> None:
     """Exactly the documented commands; the edit of /etc/pep/pep.toml is the lab's own config."""
     lab = Lab(app.lab.name)
-    config = lab.render_pep(argparse.Namespace(**lab.journal.meta["options"]), run_dir="/run", supervisor="auto")
+    opts = argparse.Namespace(**lab.journal.meta["options"])
+    # A congestion control is the kernel's, one for every namespace and bpffs: pep_radio registered
+    # by another run on this machine (a lab beside the test) cannot be shared with the container's
+    # pepctl, whose bpffs holds none of its pins, and it would rightly refuse it. The default is then
+    # left out (test_the_access_side_runs_the_default says so), and the rest runs with bbr.
+    if opts.congestion == radio_maps.NAME and congestion.registration(radio_maps.NAME):
+        opts.congestion = "bbr"
+    app.congestion = opts.congestion
+    config = lab.render_pep(opts, run_dir="/run", supervisor="auto")
     commands = install_commands()
     assert any(CONFIG in c for c in commands), f"{' and '.join(DOCS)}: no command of the install block writes {CONFIG}"
     for command in commands:
@@ -221,6 +230,22 @@ def test_install_brings_the_proxy_up_and_the_origin_sees_the_client(appliance):
     assert appliance.box.run("systemctl is-enabled pep").stdout.strip() == "enabled"
     appliance.request()
     appliance.request("http://[2001:2:0:2::10]/", "2001:2:0:1::10")
+
+
+def test_the_access_side_runs_the_default_congestion_control(appliance):
+    """The default toward subscribers is pepctl's own pep_radio: `up` under systemd registers it (the
+    unit's capabilities and the container's bpffs suffice) and the access side's routes name it."""
+    if appliance.congestion != radio_maps.NAME:
+        pytest.skip(f"{radio_maps.NAME} is registered on this machine by another run (a congestion control is "
+                    "the kernel's, and the container's bpffs cannot hold that run's pins): the appliance ran "
+                    f"with {appliance.congestion} instead")
+    appliance.ensure_up()
+    graph = appliance.status()["graphs"][0]
+    assert graph["congestion"]["access"] == radio_maps.NAME, f"container: pepctl status: {graph['congestion']}"
+    available = appliance.box.run("cat /proc/sys/net/ipv4/tcp_available_congestion_control").stdout.split()
+    assert radio_maps.NAME in available, f"container: the kernel offers {available}"
+    pins = appliance.box.run(f"ls /sys/fs/bpf/pep-congestion/{radio_maps.NAME}").stdout.split()
+    assert radio_maps.PARAMS_MAP in pins, f"container: pepctl's pins of {radio_maps.NAME}: {pins}"
 
 
 def test_open_file_limit_of_the_unit_reaches_haproxy_and_its_maxconn(appliance):
