@@ -606,7 +606,8 @@ static __always_inline int owned(struct __sk_buff *skb, const struct tcp_pkt *p)
 	return mine;
 }
 
-/* A segment of no remembered flow, and (mode bpf) no socket: an ACK with a
+/* A segment of no remembered flow, and (mode bpf) no socket but a TIME_WAIT one
+ * a bypass rule overrides (later): an ACK with a
  * valid SYN cookie goes to the listener. One of a flow this graph did not
  * see begin, to or from what a bypass rule names, and that no socket here
  * owns, is forwarded: it is another proxy host's. (A draining host hands its
@@ -705,7 +706,7 @@ static __always_inline int syn_answered(struct __sk_buff *skb, struct tcp_pkt *p
 		 * was lost): never the opener's to see; the RST goes again. */
 		if (is_syn_ack(p) && !make_rst(skb, p, p->ack_seq, 1) &&
 		    !set_dscp(skb, p, (p->family == 4 ? r->tos : bpf_ntohl(r->ip_word) >> 20) & DSCP_MASK))
-			return bpf_redirect(skb->ifindex, 0);
+			return bpf_redirect(rst_egress(skb, p), 0);
 		return TC_ACT_SHOT;
 	}
 	if (p->flags & TCP_FLAG_RST) {
@@ -784,8 +785,13 @@ static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const
 	}
 	n = bpf_map_lookup_elem(&flows_new, k);
 	if (!n) {
-		if (own == 1) {
-			mark_own(skb, w);   /* a late segment of the proxy's closed connection */
+		/* A late segment of the proxy's closed connection goes to its
+		 * TIME_WAIT socket, unless a bypass rule names the 4-tuple: then
+		 * it is another host's flow that reuses it (a drain hands the
+		 * shares' new flows on; clients reuse ports at once), and the
+		 * socket would swallow its segments (no_flow forwards them). */
+		if (own == 1 && !(rule_hit(k, w, p) && service_port_intercepted(w, p))) {
+			mark_own(skb, w);
 			return TC_ACT_OK;
 		}
 		return no_flow(skb, p, w, k, 1);

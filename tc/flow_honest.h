@@ -29,6 +29,7 @@
 
 #include "pep_flow.h"
 #include "flow_craft.h"
+#include "flow_fwd.h"
 #include "flow_maps.h"
 #include "flow_marks.h"
 #include "flow_parse.h"
@@ -101,6 +102,37 @@ static __always_inline int put_syn_ip(struct __sk_buff *skb, const struct tcp_pk
 	       bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), 0, diff, 0);
 }
 
+/* Where the RST made of the origin's SYN-ACK p (make_rst reversed: its ends
+ * swapped) goes: the interface toward the origin by the route the stack would
+ * take, its MACs written from the FIB, not back to the MAC the SYN-ACK came
+ * from: in a cluster that MAC may be another proxy host's (a draining host
+ * forwards the origin's answers to the host that probed, docs/routing.md),
+ * which would take the RST for one of its own flows and drop it, and the
+ * origin, never told, would refuse the proxy's connection. No route or next
+ * hop's MAC yet: back the way it came (the interface, MACs swapped). */
+static __always_inline __u32 rst_egress(struct __sk_buff *skb, const struct tcp_pkt *p)
+{
+	struct craft_buf *b = craft_buf();
+	struct bpf_fib_lookup fib = {};
+	struct tcp_pkt *q;
+
+	if (!b)
+		return skb->ifindex;
+	q = &b->pkt;
+	q->family = p->family;
+	q->tos = p->tos;
+	q->flowinfo = p->flowinfo;
+	__builtin_memcpy(q->src, p->dst, 16);
+	__builtin_memcpy(q->dst, p->src, 16);
+	q->sport = p->dport;
+	q->dport = p->sport;
+	if (route_of(skb, q, &fib) != BPF_FIB_LKUP_RET_SUCCESS ||
+	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_dest), fib.dmac, ETH_ALEN, 0) ||
+	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), fib.smac, ETH_ALEN, 0))
+		return skb->ifindex;
+	return fib.ifindex;
+}
+
 /* The SYN-ACK p, answering the probe of record r, made into the origin's RST
  * (sent) and then the opener's SYN (left in skb), offering SACK and timestamps
  * only as the origin did (drop_*). Zero, or 1: p cannot be
@@ -118,7 +150,7 @@ static __always_inline int syn_rebuild(struct __sk_buff *skb, const struct tcp_p
 	if (make_rst(skb, p, p->ack_seq, 1) ||
 	    set_dscp(skb, p, (p->family == 4 ? r->tos : bpf_ntohl(r->ip_word) >> 20) & DSCP_MASK))
 		return -1;
-	if (bpf_clone_redirect(skb, skb->ifindex, 0))
+	if (bpf_clone_redirect(skb, rst_egress(skb, p), 0))
 		return -1;
 	/* The opener's SYN, as it came: MACs, IP fields, TCP header and options. */
 	bare_header(b, p->dport, p->sport, r->syn_seq, 0, syn_flags, r->window);

@@ -195,6 +195,13 @@ def reply1(sport: int, dport: int, **kw) -> Packet:
     return reply(sport, dport, src=SERVER1, dst=CLIENT1, slot=1, **kw)
 
 
+def with_src_mac(frame: Packet, mac: str) -> Packet:
+    """frame as if another host on the segment had sent it."""
+    out = frame.copy()
+    out[Ether].src = mac
+    return out
+
+
 def routed(frame: Packet, macs: tuple[str, str] | None) -> Packet:
     """frame as forwarding leaves it: TTL / hop limit - 1 (checksum recomputed by scapy) and, when
     given, the MACs of the egress device and the next hop."""
@@ -761,6 +768,12 @@ CASES = [
         # The origin's SYN-ACK again (it had the SYN twice): the RST again (the opener's DSCP), back out,
         # never to the opener.
         Send("origin1", reply1(80, 40170, opts=(("MSS", 1400),)), TC_ACT_REDIRECT,
+             Ether(src=S_IN_MAC[1], dst=HOST_MAC[SERVER1]) / IP(src=CLIENT1, dst=SERVER1, tos=0x88)
+             / TCP(sport=40170, dport=80, flags="R", seq=1001, window=0)),
+        # Once more, forwarded by another proxy host (a draining one: its MAC, not the origin's): the RST
+        # goes to the origin by the route all the same, not back to that host.
+        Send("origin1", with_src_mac(reply1(80, 40170, opts=(("MSS", 1400),)), "02:00:00:0f:0f:0f"),
+             TC_ACT_REDIRECT,
              Ether(src=S_IN_MAC[1], dst=HOST_MAC[SERVER1]) / IP(src=CLIENT1, dst=SERVER1, tos=0x88)
              / TCP(sport=40170, dport=80, flags="R", seq=1001, window=0)),
         Send("access1", H_SYN, TC_ACT_REDIRECT, fwd(H_SYN), ASSIGN_REFUSED),
