@@ -332,16 +332,17 @@ static __always_inline struct bpf_sock *origin_sock(struct __sk_buff *skb, const
  *     reuses its port while HAProxy has not closed toward the origin yet
  *     (CLOSE_WAIT), and the origin's FIN_WAIT2 refused the new SYN.
  * A socket that still has data to send (write_seq past snd_nxt: what the
- * client sent, acknowledged by the proxy, not delivered yet), one still
- * connecting (SYN_SENT), or one still there when the SYN comes back from its
- * round: PORT_HELD, the SYN dropped (port_held); the client sends it again. */
+ * client sent, acknowledged by the proxy, not delivered yet; only its FIN,
+ * in LAST_ACK or CLOSING, is ended as in FIN_WAIT1), one still connecting
+ * (SYN_SENT), or one still there when the SYN comes back from its round:
+ * PORT_HELD, the SYN dropped (port_held); the client sends it again. */
 static __always_inline int origin_side(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
 				       int retry)
 {
 	struct bpf_sock *sk = origin_sock(skb, p);
 	struct tcp_timewait_sock *tw;
 	__u32 state, rcv_nxt = 0, snd_nxt = 0;
-	int act, how = PORT_HELD, to_origin = 0;
+	int act, how = PORT_HELD, to_origin = 0, done, fin_unsent;
 	struct tcp_sock *tp;
 
 	if (!sk)
@@ -362,10 +363,17 @@ static __always_inline int origin_side(struct __sk_buff *skb, const struct tcp_p
 	} else if (state == BPF_TCP_ESTABLISHED || state == BPF_TCP_CLOSE_WAIT || state == BPF_TCP_FIN_WAIT1 ||
 		   state == BPF_TCP_FIN_WAIT2 || state == BPF_TCP_LAST_ACK || state == BPF_TCP_CLOSING) {
 		tp = bpf_skc_to_tcp_sock(sk);
-		if (tp && tp->write_seq == tp->snd_nxt) {
+		done = state == BPF_TCP_LAST_ACK || state == BPF_TCP_CLOSING;
+		/* HAProxy caught in close(), between the state's change and
+		 * the FIN's send (seen: 1 reuse in 20): the origin has not had
+		 * that FIN, so it is not done yet either, and gets the RST at
+		 * snd_nxt (if the FIN goes out meanwhile, its TIME_WAIT takes
+		 * the new SYN all the same). */
+		fin_unsent = done && tp && tp->write_seq == tp->snd_nxt + 1;
+		if (tp && (tp->write_seq == tp->snd_nxt || fin_unsent)) {
 			rcv_nxt = tp->rcv_nxt;
 			snd_nxt = tp->snd_nxt;
-			to_origin = state != BPF_TCP_LAST_ACK && state != BPF_TCP_CLOSING;
+			to_origin = !done || fin_unsent;
 			how = 0;
 		}
 	}
@@ -563,16 +571,21 @@ static __always_inline int to_own_socket(struct __sk_buff *skb, const struct tcp
  * again on the subscriber's retransmission timer, once the connection is up,
  * and goes on as a FIN (fin_deferred). A flow proxied with the client's port
  * kept (MARK_S_KEPT) has the proxy's connection found by its 4-tuple and its
- * state read; any other (from a spare port, or proxied before this datapath
- * ran: no marks) has its first bare FIN held back once if its subscriber sent
+ * state read (established within the last jiffy or two, nothing sent or
+ * had yet, counts as still connecting: the kernel has the SYN-ACK, HAProxy
+ * may not have seen it yet; seen under load, 1 zero-byte flow in about 50);
+ * any other (from a spare port, or proxied before this datapath ran: no
+ * marks) has its first bare FIN held back once if its subscriber sent
  * no data. The graph's flag alone would hold forever the FIN of a flow whose
  * proxy connected from a spare port before a reload or an upgrade set it. */
 static __always_inline int fin_too_early(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
 					 const struct flow_key *k, __u32 state)
 {
 	struct flow_marks *m;
+	struct tcp_sock *tp;
 	struct bpf_sock *sk;
 	__u32 b_state;
+	int young;
 
 	if (w->side != SIDE_ACCESS || (p->flags & (TCP_FLAG_FIN | TCP_FLAG_RST | TCP_FLAG_SYN)) != TCP_FLAG_FIN ||
 	    payload_len(p) || (state != BPF_TCP_ESTABLISHED && state != BPF_TCP_SYN_RECV))
@@ -583,8 +596,14 @@ static __always_inline int fin_too_early(struct __sk_buff *skb, const struct tcp
 		if (!sk)
 			return 1;
 		b_state = sk->state;
+		young = 0;
+		if (b_state == BPF_TCP_ESTABLISHED) {
+			tp = bpf_skc_to_tcp_sock(sk);
+			young = tp && !tp->bytes_received && !tp->bytes_acked &&
+				(__u32)bpf_jiffies64() - tp->rcv_tstamp <= 1;
+		}
 		bpf_sk_release(sk);
-		return b_state == BPF_TCP_SYN_SENT || b_state == BPF_TCP_LISTEN;
+		return b_state == BPF_TCP_SYN_SENT || b_state == BPF_TCP_LISTEN || young;
 	}
 	if (!m || (m->seen & (MARK_S_SUB_DATA | MARK_S_FIN_HELD)))
 		return 0;

@@ -58,6 +58,9 @@ struct tcp_sock {
 	__u32 rcv_nxt;                 /* the next sequence number it expects */
 	__u32 snd_nxt;                 /* the next it sends */
 	__u32 write_seq;               /* the end of what the application wrote: above snd_nxt, data not sent yet */
+	__u32 rcv_tstamp;              /* jiffies (low 32 bits) when it last had an ACK: its SYN-ACK, at first */
+	__u64 bytes_received;          /* data it has had from its peer */
+	__u64 bytes_acked;             /* and data of its own its peer has acknowledged */
 } __attribute__((preserve_access_index));
 
 /* The socket (established, request, time-wait or listening) that a segment
