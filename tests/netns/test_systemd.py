@@ -207,7 +207,7 @@ def install(app: Appliance) -> None:
     # by another run on this machine (a lab beside the test) cannot be shared with the container's
     # pepctl, whose bpffs holds none of its pins, and it would rightly refuse it. The default is then
     # left out (test_the_access_side_runs_the_default says so), and the rest runs with bbr.
-    if opts.congestion == radio_maps.NAME and congestion.registration(radio_maps.NAME):
+    if opts.congestion == radio_maps.NAME and congestion.registration(radio_maps.NAME) != "none":
         opts.congestion = "bbr"
     app.congestion = opts.congestion
     config = lab.render_pep(opts, run_dir="/run", supervisor="auto")
