@@ -625,8 +625,15 @@ static __always_inline int owned(struct __sk_buff *skb, const struct tcp_pkt *p)
 	return mine;
 }
 
-/* A segment of no remembered flow, and (mode bpf) no socket but a TIME_WAIT one
- * a bypass rule overrides (later): an ACK with a
+/* Whether a segment of no remembered flow may be another proxy host's: to or
+ * from what a bypass rule names, on a port the proxy intercepts (no_flow). */
+static __always_inline int another_hosts(const struct flow_key *k, const struct where *w, const struct tcp_pkt *p)
+{
+	return rule_hit(k, w, p) && service_port_intercepted(w, p);
+}
+
+/* A segment of no remembered flow, and (mode bpf) no socket but maybe a
+ * TIME_WAIT one another host's flow overrides (later): an ACK with a
  * valid SYN cookie goes to the listener. One of a flow this graph did not
  * see begin, to or from what a bypass rule names, and that no socket here
  * owns, is forwarded: it is another proxy host's. (A draining host hands its
@@ -657,8 +664,7 @@ static __always_inline int no_flow(struct __sk_buff *skb, struct tcp_pkt *p, con
 		}
 	}
 	/* In mode bpf the caller found no socket already. */
-	if (others && rule_hit(k, w, p) && service_port_intercepted(w, p) &&
-	    ((w->flags & GRAPH_F_ASSIGN) || !owned(skb, p)))
+	if (others && another_hosts(k, w, p) && ((w->flags & GRAPH_F_ASSIGN) || !owned(skb, p)))
 		return forward(skb, p, w->slot);
 	if (!(w->flags & GRAPH_F_ASSIGN))
 		marks_in(k, p, w);   /* modes nft and route: the proxy's flows end up here */
@@ -805,11 +811,11 @@ static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const
 	n = bpf_map_lookup_elem(&flows_new, k);
 	if (!n) {
 		/* A late segment of the proxy's closed connection goes to its
-		 * TIME_WAIT socket, unless a bypass rule names the 4-tuple: then
-		 * it is another host's flow that reuses it (a drain hands the
-		 * shares' new flows on; clients reuse ports at once), and the
-		 * socket would swallow its segments (no_flow forwards them). */
-		if (own == 1 && !(rule_hit(k, w, p) && service_port_intercepted(w, p))) {
+		 * TIME_WAIT socket, unless it is another host's flow that reuses
+		 * the 4-tuple (a drain hands the shares' new flows on; clients
+		 * reuse ports at once): the socket would swallow its segments
+		 * (seen: test_cluster's drain timed out 3 connections in 2,000). */
+		if (own == 1 && !another_hosts(k, w, p)) {
 			mark_own(skb, w);
 			return TC_ACT_OK;
 		}

@@ -82,12 +82,11 @@ static __attribute__((noinline)) int routable(struct __sk_buff *skb, const struc
 	return route_of(skb, p, &fib) == BPF_FIB_LKUP_RET_SUCCESS;
 }
 
-/* A copy of the segment as it is now (one the datapath made: a RST to the
- * origin) sent on toward its destination, MACs from the FIB; the segment
- * itself stays here. Zero: sent. Non-zero: not sent (no route, or the next
- * hop's MAC not known yet: routable() says beforehand), the MACs maybe
+/* The segment's MACs written from the FIB for the next hop toward p's
+ * destination. That hop's egress interface, or -1: no route, or the next
+ * hop's MAC not known yet (routable() says beforehand), the MACs maybe
  * rewritten. */
-static __attribute__((noinline)) int send_copy(struct __sk_buff *skb, const struct tcp_pkt *p)
+static __attribute__((noinline)) long to_next_hop(struct __sk_buff *skb, const struct tcp_pkt *p)
 {
 	struct bpf_fib_lookup fib = {};
 
@@ -95,7 +94,17 @@ static __attribute__((noinline)) int send_copy(struct __sk_buff *skb, const stru
 	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_dest), fib.dmac, ETH_ALEN, 0) ||
 	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), fib.smac, ETH_ALEN, 0))
 		return -1;
-	return bpf_clone_redirect(skb, fib.ifindex, 0) ? -1 : 0;
+	return fib.ifindex;
+}
+
+/* A copy of the segment as it is now (one the datapath made: a RST to the
+ * origin) sent on toward its destination (to_next_hop); the segment itself
+ * stays here. Zero: sent. Non-zero: not sent, the MACs maybe rewritten. */
+static __always_inline int send_copy(struct __sk_buff *skb, const struct tcp_pkt *p)
+{
+	long ifindex = to_next_hop(skb, p);
+
+	return ifindex < 0 || bpf_clone_redirect(skb, ifindex, 0) ? -1 : 0;
 }
 
 /* Forwards a packet of a bypassed flow of graph slot: TC_ACT_REDIRECT, or

@@ -113,8 +113,8 @@ static __always_inline int put_syn_ip(struct __sk_buff *skb, const struct tcp_pk
 static __always_inline __u32 rst_egress(struct __sk_buff *skb, const struct tcp_pkt *p)
 {
 	struct craft_buf *b = craft_buf();
-	struct bpf_fib_lookup fib = {};
 	struct tcp_pkt *q;
+	long ifindex;
 
 	if (!b)
 		return skb->ifindex;
@@ -126,11 +126,8 @@ static __always_inline __u32 rst_egress(struct __sk_buff *skb, const struct tcp_
 	__builtin_memcpy(q->dst, p->src, 16);
 	q->sport = p->dport;
 	q->dport = p->sport;
-	if (route_of(skb, q, &fib) != BPF_FIB_LKUP_RET_SUCCESS ||
-	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_dest), fib.dmac, ETH_ALEN, 0) ||
-	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), fib.smac, ETH_ALEN, 0))
-		return skb->ifindex;
-	return fib.ifindex;
+	ifindex = to_next_hop(skb, q);
+	return ifindex < 0 ? skb->ifindex : ifindex;
 }
 
 /* The SYN-ACK p, answering the probe of record r, made into the origin's RST
