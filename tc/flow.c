@@ -333,11 +333,16 @@ static __always_inline struct bpf_sock *origin_sock(struct __sk_buff *skb, const
  *     (CLOSE_WAIT), and the origin's FIN_WAIT2 refused the new SYN.
  * A socket that still has data to send (write_seq past snd_nxt: what the
  * client sent, acknowledged by the proxy, not delivered yet; only its FIN,
- * in LAST_ACK or CLOSING, is ended as in FIN_WAIT1), one still connecting
- * (SYN_SENT), or one still there when the SYN comes back from its round:
- * PORT_HELD, the SYN dropped (port_held); the client sends it again. */
+ * in LAST_ACK or CLOSING, is ended as in FIN_WAIT1), or one still connecting
+ * (SYN_SENT): PORT_HELD, the SYN dropped (port_held); the client sends it
+ * again. One ended on the round before and still there when the SYN comes
+ * back (HAProxy held its lock, in close(): the RST waits in its backlog
+ * until close() returns, and the round, one softirq, does not outlast that)
+ * is PORT_FREE with the honest handshake (probe): the probe's round trip to
+ * the origin gives close() its time, and the origin's answer is taken only
+ * once the socket is gone (answer_too_early). Else PORT_HELD. */
 static __always_inline int origin_side(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
-				       int retry)
+				       int retry, int probe)
 {
 	struct bpf_sock *sk = origin_sock(skb, p);
 	struct tcp_timewait_sock *tw;
@@ -378,6 +383,8 @@ static __always_inline int origin_side(struct __sk_buff *skb, const struct tcp_p
 		}
 	}
 	bpf_sk_release(sk);
+	if (retry && !how && probe)
+		return PORT_FREE;
 	if (how || retry)
 		return PORT_HELD;
 	act = end_then_retry(skb, p, rcv_nxt, 1, to_origin, snd_nxt);
@@ -407,7 +414,7 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 				      const struct flow_key *k)
 {
 	int retry = skb->mark == PEP_RETRY_MARK || skb->mark == PEP_PORT_RETRY_MARK, act;
-	int port_retry = skb->mark == PEP_PORT_RETRY_MARK;
+	int port_retry = skb->mark == PEP_PORT_RETRY_MARK, probe;
 	struct craft_buf *b = craft_buf();
 	struct syn_opts *o;
 	__u32 verdict;
@@ -427,6 +434,7 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 	o = &b->opts;
 	if (read_syn_opts(skb, p, o))
 		return pass(w, CNT_PKTS_NOT_TCP);   /* a header the stack will judge (and drop) */
+	probe = (w->flags & GRAPH_F_HONEST) && (w->flags & GRAPH_F_ASSIGN) && probeable(p, o);
 	if (rule_hit(k, w, p))
 		verdict = VERDICT_BYPASS_RULE;
 	else if (o->mptcp && !(w->flags & GRAPH_F_PROXY_MPTCP))
@@ -435,7 +443,7 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 		verdict = VERDICT_BYPASS_CONTROL;
 	else if ((w->flags & GRAPH_F_ASSIGN) && (act = past_time_wait(skb, p, o, w, retry)) >= 0)
 		return act;
-	else if ((w->flags & GRAPH_F_KEEP_PORT) && (act = origin_side(skb, p, w, port_retry)) != PORT_FREE) {
+	else if ((w->flags & GRAPH_F_KEEP_PORT) && (act = origin_side(skb, p, w, port_retry, probe)) != PORT_FREE) {
 		if (act == PORT_HELD) {
 			count(w->slot, CNT_PORT_HELD);
 			return TC_ACT_SHOT;
@@ -444,8 +452,7 @@ static __always_inline int decide_syn(struct __sk_buff *skb, const struct tcp_pk
 			return act;
 		verdict = VERDICT_BYPASS_BUSY;
 	} else
-		verdict = to_proxy(skb, p, w, (w->flags & GRAPH_F_HONEST) && (w->flags & GRAPH_F_ASSIGN) &&
-				   probeable(p, o));
+		verdict = to_proxy(skb, p, w, probe);
 	if (verdict == VERDICT_PROBE) {
 		/* On to the origin, forwarded as a bypassed flow's SYN is. */
 		syn_record(skb, k, p, o, w->side, 0);
@@ -771,6 +778,32 @@ static __always_inline int syn_answered(struct __sk_buff *skb, struct tcp_pkt *p
 	return accepted_here(skb, p, w, r);
 }
 
+/* With source_port = "kept", the honest handshake: whether p is the origin's
+ * answer to a probe whose 4-tuple a socket of the proxy still holds (the
+ * proxy's previous connection from the opener's port, being ended when
+ * origin_side let the SYN probe). That socket would take it; it is dropped
+ * instead (port_held), and the origin sends it again. A SYN-ACK only: one
+ * lookup per connection. */
+static __always_inline int answer_too_early(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
+					    const struct flow_key *k)
+{
+	struct flow_syn *r;
+	struct bpf_sock *sk;
+	int held;
+
+	if (!(w->flags & GRAPH_F_HONEST) || !(w->flags & GRAPH_F_KEEP_PORT) || !is_syn_ack(p))
+		return 0;
+	r = bpf_map_lookup_elem(&syns, k);
+	if (!r || r->opener == w->side || r->state == SYN_ACCEPTED || p->ack_seq != r->syn_seq + 1)
+		return 0;
+	sk = sock_for(skb, p, p->dport);
+	if (!sk)
+		return 0;
+	held = sk->state != BPF_TCP_LISTEN;
+	bpf_sk_release(sk);
+	return held;
+}
+
 /* Any segment but a first SYN. */
 static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const struct where *w,
 				 const struct flow_key *k)
@@ -782,6 +815,10 @@ static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const
 
 	if (measuring(w))
 		measure(k, p, w);
+	if (answer_too_early(skb, p, w, k)) {
+		count(w->slot, CNT_PORT_HELD);
+		return TC_ACT_SHOT;
+	}
 	if (w->flags & GRAPH_F_ASSIGN) {
 		own = to_own_socket(skb, p, w, &state);
 		if (!own) {

@@ -361,8 +361,9 @@ enum flow_counter {
 				     * that a new SYN from that port is proxied (sent round again) */
 	CNT_FIN_DEFERRED,           /* mode bpf: a subscriber's bare FIN dropped, before its proxy's
 				     * connection to the origin is up (the subscriber sends it again) */
-	CNT_PORT_HELD,              /* port kept: a client's SYN dropped, the proxy's previous connection
-				     * from its port still at work (data to send, connecting) */
+	CNT_PORT_HELD,              /* port kept: a client's SYN (or the origin's answer to its probe)
+				     * dropped, the proxy's previous connection from its port still at
+				     * work (data to send, connecting) or not yet ended */
 	CNT_MAX
 };
 

@@ -687,6 +687,17 @@ CASES = [
             / TCP(sport=40155, dport=80, flags="R", seq=70000, window=0))),
         Send("access1", syn1(40155), TC_ACT_SHOT, counters=cnt(port_held=1), mark_in=fm.PORT_RETRY_MARK)],
         flows=[Flow(CLIENT1, 40155, SERVER1, 80, None)]),
+    Case("keep-port-ending-honest", "KEEP_PORT and HONEST (slot 1): the SYN back from its round finds the "
+         "proxy's previous connection from the client's port still there (HAProxy in close() held its lock: "
+         "the RST waits in its backlog): probed all the same; the origin's answer is dropped while that "
+         "socket is there (port_held), and taken once it is gone", [
+        graph_flags(1, G1["flags"] | fm.GRAPH_F_KEEP_PORT | fm.GRAPH_F_HONEST, LPORT1),
+        Do("the proxy's connection CLIENT1:40158 -> SERVER1:80 (repair mode)",
+           lambda dp: dp.owned.append(dp.run_in_ns(_repaired, 40158, 70000, 90000))),
+        Send("access1", syn1(40158), TC_ACT_REDIRECT, fwd(syn1(40158)), PROBED, mark_in=fm.PORT_RETRY_MARK),
+        Send("origin1", reply1(80, 40158), TC_ACT_SHOT, counters=cnt(port_held=1)),
+        Do("that connection closed", lambda dp: dp.owned.pop().close()),
+        Send("origin1", reply1(80, 40158), TC_ACT_REDIRECT, syn1(40158), ACCEPTED)]),
     Case("keep-port-still-sending", "KEEP_PORT (slot 1): the proxy's previous connection from the client's "
          "port still has data to send to the origin (write_seq past snd_nxt: a zero window): the SYN is "
          "dropped (port_held), the connection left to finish", [
