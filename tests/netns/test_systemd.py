@@ -42,7 +42,7 @@ from netns.container import Container, Root
 from netns.handle import LabHandle
 from netns.lab import Lab
 from pepctl import congestion, hostinfo, radio_maps
-from pepctl.runner import wait_for
+from pepctl.runner import StepError, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = "/etc/pep/pep.toml"
@@ -154,13 +154,24 @@ class Appliance:
             f"client: curl {url}: exit {body.returncode}, {body.stdout[:200]!r} {body.stderr[:200]}"
         peer = self.lab.origin_peer(tag)
         assert peer == client, f"origin log: expected peer {client} (the client's own address), got {peer}"
-        flows = before["flows"]["flows_proxied"]
-        sessions = before["proxy"]["haproxy"]["sessions_total"]
-        after = wait_for(lambda: (g := self.status()["graphs"][0])["proxy"]["haproxy"]["sessions_total"] > sessions
-                           and g, timeout=3, what="HAProxy's sessions_total to count the request")
-        assert after["flows"]["flows_proxied"] == flows + 1, \
-            f"container: flows_proxied expected {flows + 1} (the datapath handed the flow to HAProxy), " \
-            f"got {after['flows']['flows_proxied']}"
+        seen = {}
+
+        def counted():
+            # `pepctl status` takes a while on a busy machine: one call per poll, kept for the message.
+            seen["after"] = g = self.status()["graphs"][0]
+            return g["proxy"]["haproxy"]["sessions_total"] > before["proxy"]["haproxy"]["sessions_total"]
+
+        try:
+            wait_for(counted, timeout=10, what="HAProxy's sessions_total to count the request")
+        except StepError as e:
+            after = seen["after"]
+            moved = {k: (v, after["flows"][k]) for k, v in before["flows"].items() if after["flows"].get(k) != v}
+            raise AssertionError(f"container: {e}; HAProxy {before['proxy']['haproxy']} -> "
+                                 f"{after['proxy']['haproxy']}; the datapath's counters that moved: {moved}") from None
+        after = seen["after"]
+        assert after["flows"]["flows_proxied"] == before["flows"]["flows_proxied"] + 1, \
+            f"container: flows_proxied expected {before['flows']['flows_proxied'] + 1} (the datapath handed the " \
+            f"flow to HAProxy), got {after['flows']['flows_proxied']}"
 
     def proxied_sockets(self) -> int:
         """Established TCP sockets in the graph's namespace: HAProxy's own (a proxied connection has
