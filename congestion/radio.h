@@ -32,6 +32,7 @@
 #define RADIO_MIN_RTT_WIN_US 10000000      /* the minimum RTT is the least of the last 5-10 s */
 #define RADIO_OUTAGE_US 250000             /* no ACK for this long with data in flight: an outage */
 #define RADIO_SILENCE_US 100000            /* ... this long: the link paused (a scheduler's silence, or an outage) */
+#define RADIO_DELACK_US 40000             /* a receiver's delayed-ACK timer, at least (Linux: TCP_DELACK_MIN) */
 #define RADIO_EPOCH_US 10000000            /* "subscribers active" counts those heard in one epoch */
 
 /* radio_params: HASH, key __u32 (the graph namespace's inode number).
@@ -54,10 +55,11 @@ struct radio_sub_key {
 struct radio_sub {
 	__u64 window;                      /* bytes its flows may have in flight together */
 	__u64 rate;                        /* bytes/s they delivered, smoothed: what it is shown as */
-	__u64 win_start_us;                /* the control window: since when */
+	__u64 win_start_us;                /* the control window: since when (the subscriber's time) */
 	__u64 win_delivered;               /* bytes every flow had delivered in it */
 	__u64 win_lost;                    /* bytes they found lost in it */
 	__u64 last_ack_us;                 /* the last ACK of any of its flows */
+	__u64 last_rx_us;                  /* ... and when the subscriber sent it (radio_uplink_hold) */
 	__u64 min_rtt_stamp_us;            /* when the current minimum-RTT bucket opened */
 	__u64 resumed_us;                  /* the link last resumed after a pause: earlier sends waited in it */
 	__u64 drained_us;                  /* the last drain of its queue */
@@ -89,9 +91,13 @@ struct radio_flow {
 	__u32 in_flight;                   /* packets out after its last ACK: was it waiting for one? */
 	__u32 target_us;
 	__s64 owd_base;                    /* one-way delay with no queue, in the peer's timestamp terms */
+	__s64 up_base;                     /* an ACK's way back with no wait for a grant, in the same terms */
 	__u8 has_sub;                      /* it holds a count in its subscriber's entry */
 	__u8 has_base;                     /* owd_base is set */
-	__u8 pad[6];
+	__u8 has_up;                       /* up_base is set */
+	__u64 last_rx_us;                  /* when the peer sent its last ACK (radio_uplink_hold) */
+	__u8 delacks;                      /* the peer acknowledges two packets at once: it delays ACKs */
+	__u8 pad[7];
 };
 
 /* radio_stats: HASH, key __u32 (graph namespace inode), value struct

@@ -29,14 +29,18 @@
  *     gets its share, but no more than the others leave (radio_share).
  *   - Every 10 s the window drains the queue for a round trip, so every flow
  *     sees its floor again.
- *   - A pause of the link (no ACK for RADIO_SILENCE_US with data in flight:
- *     a scheduler's silence, an outage when it lasts RADIO_OUTAGE_US) is not
+ *   - A pause of the link (the subscriber received nothing for RADIO_SILENCE_US
+ *     and two round trips with data in flight: a scheduler's silence, an
+ *     outage when it lasts RADIO_OUTAGE_US) is not
  *     congestion: the window that spans it is dropped, window and rate kept,
  *     the flows resume at them, paced, on the first ACK, and the delay of the
  *     packets sent before it ended (they waited out the pause) is not read as
  *     a queue.
  *   - When the rate falls at once, it falls by at most half per window, so
  *     a window that spanned a lull in delivery cannot collapse it.
+ *   - Control windows and pauses run on the subscriber's time: an ACK counts
+ *     when the subscriber sent it (its timestamp tells), not when the uplink's
+ *     grants let it through (radio_uplink_hold).
  */
 #ifndef PEP_RADIO_LAW_H
 #define PEP_RADIO_LAW_H
@@ -130,6 +134,16 @@ static inline __u32 radio_cwnd(__u64 share, __u32 mss)
 static inline __u64 radio_pacing(__u64 share, __u32 min_rtt_us)
 {
 	return share * RADIO_USEC / (min_rtt_us ? min_rtt_us : 1);
+}
+
+/* How long the subscriber must receive nothing, with data in flight, for the link to have paused:
+ * RADIO_SILENCE_US, and two round trips. A link whose scheduler grants every 100-150 ms (3G) is not
+ * paused between its grants: every pause restarts the control window and sets aside the samples of
+ * what was sent before it, and pauses that came every grant would leave the law blind, and its
+ * window where it was (in startup, growing). */
+static inline __u64 radio_pause_us(__u32 min_rtt_us)
+{
+	return 2 * (__u64)min_rtt_us > RADIO_SILENCE_US ? 2 * (__u64)min_rtt_us : RADIO_SILENCE_US;
 }
 
 /* Whether the gap since the last ACK, while packets were in flight, was an
@@ -243,6 +257,7 @@ static inline void radio_sub_init(struct radio_sub *sub, __u64 now_us, __u32 srt
 	sub->rate = sub->window * RADIO_USEC / (srtt_us ? srtt_us : RADIO_SRTT_GUESS_US);
 	sub->win_start_us = now_us;
 	sub->last_ack_us = now_us;
+	sub->last_rx_us = now_us;
 	sub->min_rtt_stamp_us = now_us;
 	sub->min_rtt_us = srtt_us;
 	sub->win_qd_us = ~0U;
@@ -336,7 +351,7 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
 	 * trip at half rate in ten seconds (BBR's PROBE_RTT does the same for its minimum RTT). */
 	if (sub->draining) {
 		sub->draining = 0;
-	} else if (!sub->startup && now_us - sub->drained_us >= RADIO_DRAIN_EVERY_US) {
+	} else if (!sub->startup && (__s64)(now_us - sub->drained_us) >= RADIO_DRAIN_EVERY_US) {
 		sub->draining = 1;
 		sub->drained_us = now_us;
 	}
@@ -364,18 +379,56 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
  * the queue short until a packet of it crosses a shorter one, which the subscriber's drains make
  * sure of (radio_end_window); one too low would read a queue that is not there, for good. Without
  * timestamps: the RTT over the minimum. */
-static inline __u32 radio_queue_sample(struct radio_flow *f, const struct radio_ack *a, __u32 min_rtt_us)
+static inline __u32 radio_queue_sample(struct radio_flow *f, const struct radio_ack *a, __u32 min_rtt_us,
+					__u64 since_us)
 {
 	__s64 owd;
 
-	if (!a->tsval)
-		return radio_qdelay(a->rtt_us, min_rtt_us);
-	owd = (__s64)a->tsval * 1000 - (__s64)(a->now_us - a->rtt_us);
-	if (!f->has_base || owd < f->owd_base) {
-		f->owd_base = owd;
-		f->has_base = 1;
+	__u32 qd, held = 0;
+
+	/* A peer that acknowledges two packets at once delays its ACKs: one that acknowledges a single
+	 * packet waited for the next packet, or for its delayed-ACK timer if that came first, and both
+	 * the RTT and the peer's timestamp count the wait. On a small window on a slow link, packets
+	 * arrive alone, tens of ms apart, and every ACK waits: read as a queue, the wait would cut the
+	 * window further, down to its floor. The wait is at most the timer, and at most the time since
+	 * the peer's ACK before (which it sent when or before the packet arrived): on a fast link, a
+	 * fraction of a ms. */
+	if (a->acked_bytes >= 2 * (__u64)a->mss)
+		f->delacks = 1;
+	else if (f->delacks)
+		held = since_us < RADIO_DELACK_US ? (__u32)since_us : RADIO_DELACK_US;
+	if (!a->tsval) {
+		qd = radio_qdelay(a->rtt_us, min_rtt_us);
+	} else {
+		owd = (__s64)a->tsval * 1000 - (__s64)(a->now_us - a->rtt_us);
+		if (!f->has_base || owd < f->owd_base) {
+			f->owd_base = owd;
+			f->has_base = 1;
+		}
+		qd = owd > f->owd_base ? (__u32)(owd - f->owd_base) : 0;
 	}
-	return owd > f->owd_base ? (__u32)(owd - f->owd_base) : 0;
+	return qd > held ? qd - held : 0;
+}
+
+/* How long this ACK waited on the uplink beyond the least any ACK of its flow waited: the
+ * subscriber's clock (its timestamp, when it sent the ACK) against ours. ACKs wait for the uplink's
+ * own grants, and a silence of the uplink hands over the ACKs of a quarter of a second at once:
+ * taken at their arrival they read as a burst of delivery that never happened (what inflates a
+ * max filter like BBR's) and as a pause of the downlink that never was. The law times its control
+ * windows and pauses by `now - hold`: when the subscriber received what the ACK acknowledges.
+ * A flow's base only moves down, as owd_base does. 0 without timestamps. */
+static inline __u64 radio_uplink_hold(struct radio_flow *f, const struct radio_ack *a)
+{
+	__s64 up;
+
+	if (!a->tsval)
+		return 0;
+	up = (__s64)a->now_us - (__s64)a->tsval * 1000;
+	if (!f->has_up || up < f->up_base) {
+		f->up_base = up;
+		f->has_up = 1;
+	}
+	return (__u64)(up - f->up_base);
 }
 
 /* A flow's retransmission timer fired. While its subscriber's other ACKs kept coming (within
@@ -398,6 +451,8 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 	__u64 gap = a->now_us - f->last_ack_us;
 	__u32 in_flight_before = f->in_flight;
 	__u32 known = radio_known_min_rtt(sub);
+	__u64 rx = a->now_us - radio_uplink_hold(f, a);  /* when the subscriber sent this ACK */
+	__u32 sample_qd = ~0U;
 	__u32 path_sample = 0;
 	__u32 min_rtt;
 	__u64 start;
@@ -409,17 +464,18 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 		__sync_fetch_and_add(&sub->inflight, ((__s64)a->packets_out - (__s64)f->in_flight) * a->mss);
 	f->in_flight = a->packets_out;
 
-	if (in_flight_before && a->now_us - sub->last_ack_us >= RADIO_SILENCE_US) {
+	if (in_flight_before && (__s64)(rx - sub->last_rx_us) >= (__s64)radio_pause_us(known)) {
 		/* The link resumed after a pause, an outage when it was long (counted
 		 * once per subscriber: another flow's ACK would have ended the gap).
-		 * The window that spans it says nothing of capacity: a new one starts,
-		 * window and rate kept. */
-		if (radio_is_outage(gap, in_flight_before) && a->now_us - sub->last_ack_us >= RADIO_OUTAGE_US) {
-			out->outage_us = a->now_us - sub->last_ack_us;
+		 * A pause is the subscriber's: it received nothing (an uplink that held
+		 * the ACKs back is not one). The window that spans it says nothing of
+		 * capacity: a new one starts, window and rate kept. */
+		if (radio_is_outage(gap, in_flight_before) && rx - sub->last_rx_us >= RADIO_OUTAGE_US) {
+			out->outage_us = rx - sub->last_rx_us;
 			sub->outages++;
 		}
 		sub->resumed_us = a->now_us;
-		sub->win_start_us = a->now_us;
+		sub->win_start_us = rx;
 		sub->win_delivered = 0;
 		sub->win_lost = 0;
 		sub->win_bulk = 0;
@@ -428,9 +484,11 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 		sub->win_path_n = 0;
 	} else if (a->rtt_us && a->now_us - a->rtt_us >= sub->resumed_us) {
 		/* (A packet sent before the link resumed waited out the pause: its delay is not a queue.) */
-		__u32 qd = radio_queue_sample(f, a, known ? known : a->srtt_us);
+		__u32 qd = radio_queue_sample(f, a, known ? known : a->srtt_us,
+					      (__s64)(rx - f->last_rx_us) > 0 ? rx - f->last_rx_us : 0);
 
 		path_sample = a->rtt_us > qd ? a->rtt_us - qd : 0;
+		sample_qd = qd;
 		if (qd < sub->win_qd_us)
 			sub->win_qd_us = qd;
 		sub->win_path_sum_us += path_sample;
@@ -446,6 +504,9 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 	if (a->now_us - sub->last_ack_us > sub->win_gap_us)
 		sub->win_gap_us = a->now_us - sub->last_ack_us;
 	sub->last_ack_us = a->now_us;
+	if ((__s64)(rx - sub->last_rx_us) > 0)
+		sub->last_rx_us = rx;
+	f->last_rx_us = rx;
 	__sync_fetch_and_add(&sub->win_delivered, a->acked_bytes);
 	if (a->lost_bytes)
 		__sync_fetch_and_add(&sub->win_lost, a->lost_bytes);
@@ -455,8 +516,12 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 	}
 	/* Startup grows the window by what each ACK delivered, as slow start does: double per round
 	 * trip, whatever the control window's length (25 ms at least, many round trips on a short
-	 * path). It ends at the first control window that sees a queue. */
-	if (sub->startup && !a->app_limited && a->prior_in_flight * 4 >= a->cwnd * 3)
+	 * path). It ends at the first control window that sees a queue; and only an ACK that saw no
+	 * queue grows it: one that saw none at all (its packet waited out a pause) would grow it
+	 * blind, and on a link that pauses every second (3G's grants) startup would never see the
+	 * queue it makes. */
+	if (sub->startup && !a->app_limited && a->prior_in_flight * 4 >= a->cwnd * 3 &&
+	    sample_qd * 2 < sub->target_us)
 		__sync_fetch_and_add(&sub->window, a->acked_bytes);
 	/* The subscriber's flows together filled its window (this one filled its own, and with the
 	 * others' flight it came to three quarters of the window): only then may the window grow. One
@@ -468,9 +533,9 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 		sub->win_full = 1;
 
 	start = sub->win_start_us;
-	if (a->now_us - start >= radio_window_us(min_rtt) &&
-	    __sync_val_compare_and_swap(&sub->win_start_us, start, a->now_us) == start)
-		radio_end_window(sub, start, a->now_us, min_rtt, out);
+	if ((__s64)(rx - start) >= (__s64)radio_window_us(min_rtt) &&
+	    __sync_val_compare_and_swap(&sub->win_start_us, start, rx) == start)
+		radio_end_window(sub, start, rx, min_rtt, out);
 	radio_share(sub, min_rtt, a->mss, 0, f, out);
 }
 

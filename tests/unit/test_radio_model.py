@@ -10,7 +10,9 @@ download), on links made to order here. What the law promises, checked on what i
   - an outage is counted once and the download resumes;
   - random loss is not congestion;
   - a subscriber's flows share its window equally;
-  - the uplink's own queue (the ACKs wait for grants) does not hold the download back;
+  - the uplink's own queue (the ACKs wait for grants) does not hold the download back, and ACKs it
+    held back are neither an outage nor a burst of delivery;
+  - a slow link's grants far apart are not pauses, and a delayed ACK is not a queue;
   - a flow that joins a held queue does not make the law hold twice the target (its drains);
   - a capacity that falls fiftyfold (a handover) is followed within seconds.
 No root: the model is compiled here with the system's C compiler.
@@ -152,6 +154,36 @@ def test_uplink_queue_does_not_hold_the_download_back(model, tmp_path):
     assert got["goodput_mbps"] >= 0.85 * got["offered_mbps"], \
         f"bursty uplink: goodput {got['goodput_mbps']} of {got['offered_mbps']} Mbit/s"
     assert got["wait_p50_ms"] <= 1.5 * TARGET_MS, f"bursty uplink: queue median {got['wait_p50_ms']} ms"
+
+
+def test_an_uplink_that_holds_the_acks_back_is_no_outage(model, tmp_path):
+    """The uplink falls silent for 300 ms every 2 s while the downlink delivers all along: the ACKs
+    of 300 ms arrive at once. By the subscriber's clock (its timestamps) nothing paused, and the
+    burst is no delivery rate (by their arrival: 10 outages counted, measured)."""
+    up = [t for t in constant(5) if t % 2000 >= 300]
+    got = run(model, tmp_path, constant(10), up)
+    assert got["outages"] == 0, f"the downlink never paused: the law counted {got['outages']} outages"
+    assert got["rate_estimate_mbps"] <= 1.15 * got["offered_mbps"], \
+        f"held ACKs: estimate {got['rate_estimate_mbps']} Mbit/s, the link's {got['offered_mbps']}"
+
+
+def test_grants_far_apart_are_not_pauses(model, tmp_path):
+    """A slow link whose scheduler grants every 150 ms, at 150 ms RTT: a silence between grants is
+    no pause. (When it was one, every grant restarted the control window, no window ever ended, and
+    startup held the first window for good: estimate 2.5 Mbit/s, queue median 780 ms, measured.)"""
+    got = run(model, tmp_path, grants(0.5, 150), constant(1), "--delay", "75", "--limit", "1000")
+    assert got["rate_estimate_mbps"] <= 1.5 * got["offered_mbps"], \
+        f"grants every 150 ms: estimate {got['rate_estimate_mbps']} Mbit/s, the link's {got['offered_mbps']}"
+    assert got["wait_p50_ms"] <= 150, f"grants every 150 ms: queue median {got['wait_p50_ms']} ms"
+
+
+def test_a_delayed_ack_is_no_queue(model, tmp_path):
+    """0.5 Mbit/s in grants every 60 ms at 150 ms RTT: the window is a few packets, paced, so most
+    arrive alone and their ACK waits for the client's 40 ms timer. Read as a queue, that wait cuts
+    the window to its floor (goodput 0.51 of the link, measured)."""
+    got = run(model, tmp_path, grants(0.5, 60), constant(1), "--delay", "75", "--limit", "1000")
+    assert got["goodput_mbps"] >= 0.65 * got["offered_mbps"], \
+        f"delayed ACKs on a small window: goodput {got['goodput_mbps']} of {got['offered_mbps']} Mbit/s"
 
 
 def test_without_timestamps_the_law_falls_back_on_rtts(model, tmp_path):
