@@ -88,20 +88,22 @@ def summarize(samples: list[dict]) -> dict:
 def verdicts(profile: str, med: dict, offered: float | None) -> dict:
     """Per transport: request p95 over the idle floor's, goodput over e2e's and over what the link
     offered, and the issue's bars (within P95_OVER_IDLE of idle, GOODPUT_OVER_E2E of e2e, never
-    worse than e2e on p50, p95 or page load)."""
-    idle, e2e = med["idle"], med["e2e"]
+    worse than e2e on p50, p95 or page load). Without e2e in the run, the bars that need it are
+    None (not judged)."""
+    idle, e2e = med["idle"], med.get("e2e")
     bar = P95_OVER_IDLE_MS.get(profile, P95_OVER_IDLE_DEFAULT_MS)
     out = {}
     for t, m in med.items():
         if t == "idle":
             continue
         v = {"p95_over_idle_ms": m["small_p95_ms"] - idle["small_p95_ms"],
-             "goodput_over_e2e": m["bulk_mbps"] / e2e["bulk_mbps"] if e2e["bulk_mbps"] else float("nan"),
+             "goodput_over_e2e": m["bulk_mbps"] / e2e["bulk_mbps"] if e2e and e2e["bulk_mbps"] else float("nan"),
              "goodput_share_offered": m["bulk_mbps"] / offered if offered else float("nan")}
         v["p95_within_bar"] = v["p95_over_idle_ms"] <= bar
-        v["goodput_bar"] = v["goodput_over_e2e"] >= GOODPUT_OVER_E2E
-        v["never_worse_than_e2e"] = all(m[k] <= e2e[k] for k in ("small_p50_ms", "small_p95_ms", "page_s"))
-        v["meets_all"] = v["p95_within_bar"] and v["goodput_bar"] and v["never_worse_than_e2e"]
+        v["goodput_bar"] = v["goodput_over_e2e"] >= GOODPUT_OVER_E2E if e2e else None
+        v["never_worse_than_e2e"] = (all(m[k] <= e2e[k] for k in ("small_p50_ms", "small_p95_ms", "page_s"))
+                                     if e2e else None)
+        v["meets_all"] = (v["p95_within_bar"] and v["goodput_bar"] and v["never_worse_than_e2e"]) if e2e else None
         out[t] = v
     return out
 
@@ -146,7 +148,7 @@ def favoured(results: list[dict], transports: list[str]) -> str:
     proxied = [t for t in transports if t in PROXIED]
 
     def score(t: str) -> tuple:
-        return (-sum(c["verdicts"][t]["meets_all"] for c in results),
+        return (-sum(bool(c["verdicts"][t]["meets_all"]) for c in results),
                 sum(c["verdicts"][t]["p95_over_idle_ms"] for c in results))
     return min(proxied, key=score) if proxied else ""
 
@@ -167,8 +169,10 @@ def table(results: list[dict], transports: list[str]) -> list[list[str]]:
 
 
 def bars_text(v: dict) -> str:
-    """Which of the issue's bars the transport met: p95 near idle, goodput, never worse than e2e."""
-    return "/".join(("yes" if v[k] else "NO") for k in ("p95_within_bar", "goodput_bar", "never_worse_than_e2e"))
+    """Which of the issue's bars the transport met: p95 near idle, goodput, never worse than e2e
+    (-: not judged, e2e did not run)."""
+    return "/".join(("-" if v[k] is None else "yes" if v[k] else "NO")
+                    for k in ("p95_within_bar", "goodput_bar", "never_worse_than_e2e"))
 
 
 COLOURS = {"pep_radio": "tab:green", "bbr": "tab:orange", "e2e": "tab:grey", "idle": "tab:blue"}

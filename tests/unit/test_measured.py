@@ -122,3 +122,16 @@ def test_a_run_of_todays_responsiveness_makes_its_table(tmp_path):
     rows = [line for line in page.splitlines() if line.startswith("| lte-trace |")]
     assert [r.split(" | ")[1] for r in rows] == ["idle", "pep_radio", "bbr", "e2e"], page
     assert "page 3.1 s" in page, page
+
+
+def test_responsiveness_without_e2e_leaves_its_bars_unjudged():
+    """`bench responsiveness --transports pep_radio` (a quick look at one transport): the bars that
+    compare with end-to-end CUBIC are not judged, and the run still summarizes (it raised KeyError)."""
+    def sample(bulk, p50):
+        return {"bulk_mbps": bulk, "page_s": 1.0, "small_failed": 0,
+                "small_series": [[i * 0.2, (p50 + i) / 1000] for i in range(20)]}
+    med = {m: responsiveness.summarize([s]) for m, s in {"idle": sample(0, 60), "pep_radio": sample(15, 90)}.items()}
+    got = responsiveness.verdicts("lte-trace", med, 23.6)["pep_radio"]
+    assert got["p95_within_bar"] is True and got["goodput_bar"] is None and got["meets_all"] is None, got
+    assert responsiveness.bars_text(got) == "yes/-/-"
+    assert responsiveness.favoured([{"verdicts": {"pep_radio": got}}], ["pep_radio"]) == "pep_radio"
