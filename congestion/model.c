@@ -30,6 +30,8 @@
  *                    queue the first one holds
  *     --offset S     start the traces S seconds in (they loop)
  *     --loss P       lose P% of the downlink's frames at random (after the queue)
+ *     --jitter MS    add a uniform +-MS to every frame's delay, both ways, frames
+ *                    kept in order (linkem's jitter= without reorder=1)
  *     --no-timestamps  the client sends no TCP timestamps (the law falls back on RTTs)
  *     --series       print a line per 100 ms: time, queue delay, window, rate
  *     --page S       a page load S seconds in (bench responsiveness: 3)
@@ -72,6 +74,8 @@ struct link {
 	__u64 drops;
 	__u32 loss_ppm;      /* random loss, after the queue (the radio's own errors) */
 	__u64 rng;
+	__u64 jitter_us;     /* +- on every frame's delay; frames stay in order */
+	__u64 last_at;
 };
 
 static __u64 opp_time(const struct link *l, size_t i)
@@ -156,6 +160,14 @@ static __u64 link_send(struct link *l, __u64 now, __u32 bytes)
 		l->rng = l->rng * 6364136223846793005ULL + 1442695040888963407ULL;   /* seeded: runs repeat */
 		if ((l->rng >> 33) % 1000000 < l->loss_ppm)
 			return 0;
+	}
+	if (l->jitter_us) {
+		__u64 at = opp_time(l, idx) + l->delay_us - l->jitter_us;
+
+		l->rng = l->rng * 6364136223846793005ULL + 1442695040888963407ULL;
+		at += (l->rng >> 33) % (2 * l->jitter_us + 1);
+		l->last_at = at > l->last_at ? at : l->last_at;   /* as linkem does without reorder=1 */
+		return l->last_at;
 	}
 	return opp_time(l, idx) + l->delay_us;
 }
@@ -387,14 +399,19 @@ static void try_send(struct flow *f, __u32 id, __u64 now)
 	}
 }
 
-static void apply(struct flow *f, const struct radio_out *o)
+/* What the law said happened, counted (as radio.bpf.c counts it per graph). */
+static void count(const struct radio_out *o)
 {
-	f->cwnd = o->cwnd;
-	f->pacing = o->pacing;
 	if (o->window_ended)
 		windows++;
 	if (o->outage_us)
 		outages++;
+}
+
+static void apply(struct flow *f, const struct radio_out *o)
+{
+	f->cwnd = o->cwnd;
+	f->pacing = o->pacing;
 }
 
 static void flow_start(struct flow *f, __u32 id, __u64 now, __u32 handshake_rtt)
@@ -514,23 +531,30 @@ static void on_ack(struct flow *f, __u32 id, __u64 now, __u64 cum, __u64 sacked,
 		if (f->out)
 			arm_rto(f, id, now);
 	}
-	if (!f->bulk && f->una >= f->total && !f->pending) {
-		f->done = 1;
-		radio_stop(&sub, &f->rf, MSS);
-		return;
-	}
 	if (sender_cubic) {
+		if (!f->bulk && f->una >= f->total && !f->pending) {
+			f->done = 1;
+			return;
+		}
 		if (lost)
 			cubic_loss(f, now, 0);
 		cubic_ack(f, now, newly);
 		try_send(f, id, now);
 		return;
 	}
+	/* As the kernel does, the last ACK of a short flow goes through the law too (its RTT sample and
+	 * queue sample count) before the flow ends. */
 	a = (struct radio_ack){.now_us = now, .acked_bytes = newly * MSS, .lost_bytes = (__u64)lost * MSS,
 			       .rtt_us = rtt, .srtt_us = f->srtt,
 			       .packets_out = f->out, .prior_in_flight = prior, .cwnd = f->cwnd, .mss = MSS,
 			       .tsval = tsval, .app_limited = !f->bulk && f->nxt >= f->total};
 	radio_on_ack(&sub, &f->rf, &a, &o);
+	count(&o);
+	if (!f->bulk && f->una >= f->total && !f->pending) {
+		f->done = 1;
+		radio_stop(&sub, &f->rf, MSS);
+		return;
+	}
 	apply(f, &o);
 	try_send(f, id, now);
 }
@@ -642,7 +666,7 @@ static double pct(double *xs, size_t n, double p)
 
 int main(int argc, char **argv)
 {
-	double seconds = 20, delay_ms = 25, limit_ms = 500, offset_s = 0, loss_pct = 0;
+	double seconds = 20, delay_ms = 25, limit_ms = 500, offset_s = 0, loss_pct = 0, jitter_ms = 0;
 	int idle = 0, series = 0, nbulk = 1, i;
 	double page_s = -1, join_s = 0;
 	const char *paths[2] = {0};
@@ -666,6 +690,8 @@ int main(int argc, char **argv)
 			target_us = (__u32)(atof(argv[++i]) * 1000);
 		else if (!strcmp(argv[i], "--loss") && i + 1 < argc)
 			loss_pct = atof(argv[++i]);
+		else if (!strcmp(argv[i], "--jitter") && i + 1 < argc)
+			jitter_ms = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--offset") && i + 1 < argc)
 			offset_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--flows") && i + 1 < argc)
@@ -691,7 +717,7 @@ int main(int argc, char **argv)
 	}
 	if (npaths != 2 || nbulk < 1 || nbulk > MAX_BULK) {
 		fprintf(stderr, "usage: model [--seconds S] [--delay MS] [--limit MS] [--target MS] [--flows N] "
-			"[--offset S] [--loss P] [--no-timestamps] [--idle] [--series] [--page S] [--join S] [--sender cubic] "
+			"[--offset S] [--loss P] [--jitter MS] [--no-timestamps] [--idle] [--series] [--page S] [--join S] [--sender cubic] "
 			"DOWN_TRACE UP_TRACE\n");
 		return 2;
 	}
@@ -705,6 +731,13 @@ int main(int argc, char **argv)
 	down.limit_us = up.limit_us = (__u64)(limit_ms * 1000);
 	down.loss_ppm = (__u32)(loss_pct * 10000);
 	down.rng = 1;
+	up.rng = 2;
+	down.jitter_us = up.jitter_us = (__u64)(jitter_ms * 1000);
+	if (jitter_ms > delay_ms) {
+		fprintf(stderr, "model: --jitter %g is more than --delay %g: a frame would arrive before it left\n",
+			jitter_ms, delay_ms);
+		return 2;
+	}
 	end = end_us = (__u64)(seconds * 1e6);
 
 	for (i = 0; !idle && i < nbulk; i++) {

@@ -96,8 +96,10 @@ struct radio_flow {
 	__u8 has_base;                     /* owd_base is set */
 	__u8 has_up;                       /* up_base is set */
 	__u64 last_rx_us;                  /* when the peer sent its last ACK (radio_uplink_hold) */
+	__u64 start_us;
 	__u8 delacks;                      /* the peer acknowledges two packets at once: it delays ACKs */
-	__u8 pad[7];
+	__u8 proven;                       /* its owd_base has seen the queue empty: its samples count */
+	__u8 pad[6];
 };
 
 /* radio_stats: HASH, key __u32 (graph namespace inode), value struct

@@ -84,7 +84,8 @@ static inline __u64 radio_delivery_rate(__u64 delivered, __u64 elapsed_us)
  *     the target, one below it stops
  *     the flows until the queue has drained to the target. It is set from
  *     the capacity, not from the window before, so cuts never compound while
- *     the queue they act on is still draining.
+ *     the queue they act on is still draining. At or under the target, with
+ *     the window used, four packets more: a probe.
  *   - Queue under half the target, a flow filled its window (`full`), and
  *     what was delivered covers three quarters of it: the link may take more;
  *     grow the window x1.5 (x1.25 once the queue is over a quarter of the
@@ -109,6 +110,12 @@ static inline __u64 radio_next_window(__u64 window, __u64 *rate, __u8 *startup, 
 		else
 			*rate = (*rate + measured) / 2;
 		next = *rate * (path_us + target_us) / RADIO_USEC;
+		/* At or under the target, and the flows used all of it: probe, four packets a window. A
+		 * link's own jitter (grants, the radio's retransmissions) reads as a queue of 10-20 ms
+		 * that is not there; near half the target it holds the window where it is, at a rate
+		 * that is only what the window let through (on 3G, a quarter of the link). */
+		if (qdelay_us <= target_us && full)
+			next += RADIO_WINDOW_MIN_BYTES;
 	} else if (full && measured * (path_us + qdelay_us) / RADIO_USEC * 4 >= window * 3) {
 		if (*startup)
 			next = window;             /* it grew with every ACK (radio_on_ack) */
@@ -148,7 +155,7 @@ static inline __u64 radio_pause_us(__u32 min_rtt_us)
 
 /* Whether the gap since the last ACK, while packets were in flight, was an
  * outage: the link stopped delivering, it did not merely slow down. */
-static inline int radio_is_outage(__u64 gap_us, __u32 in_flight_before)
+static inline int radio_is_outage(__u64 gap_us, int in_flight_before)
 {
 	return in_flight_before > 0 && gap_us >= RADIO_OUTAGE_US;
 }
@@ -288,6 +295,8 @@ static inline void radio_start(struct radio_sub *sub, struct radio_flow *f, __u6
 	sub->target_us = target_us;        /* the graph's, as it is now */
 	if (sub->flows == 1)
 		sub->inflight = 0;         /* its only flow: whatever the count held is stale */
+	f->start_us = now_us;
+	f->proven = sub->inflight <= 0;    /* nothing of the others in flight: no queue to take for a base */
 	radio_share(sub, min_rtt ? min_rtt : srtt_us, mss, 1, f, out);
 }
 
@@ -448,8 +457,9 @@ static inline void radio_on_rto(struct radio_sub *sub, __u64 now_us)
 static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, const struct radio_ack *a,
 				struct radio_out *out)
 {
-	__u64 gap = a->now_us - f->last_ack_us;
-	__u32 in_flight_before = f->in_flight;
+	/* Whether the subscriber had data in flight before this ACK: any of its flows (a short flow's
+	 * first ACK may be the one that ends a pause of the download's). */
+	int in_flight_before = f->in_flight || sub->inflight > 0;
 	__u32 known = radio_known_min_rtt(sub);
 	__u64 rx = a->now_us - radio_uplink_hold(f, a);  /* when the subscriber sent this ACK */
 	__u32 sample_qd = ~0U;
@@ -470,7 +480,7 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 		 * A pause is the subscriber's: it received nothing (an uplink that held
 		 * the ACKs back is not one). The window that spans it says nothing of
 		 * capacity: a new one starts, window and rate kept. */
-		if (radio_is_outage(gap, in_flight_before) && rx - sub->last_rx_us >= RADIO_OUTAGE_US) {
+		if (radio_is_outage(rx - sub->last_rx_us, in_flight_before)) {
 			out->outage_us = rx - sub->last_rx_us;
 			sub->outages++;
 		}
@@ -487,12 +497,22 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 		__u32 qd = radio_queue_sample(f, a, known ? known : a->srtt_us,
 					      (__s64)(rx - f->last_rx_us) > 0 ? rx - f->last_rx_us : 0);
 
-		path_sample = a->rtt_us > qd ? a->rtt_us - qd : 0;
-		sample_qd = qd;
-		if (qd < sub->win_qd_us)
-			sub->win_qd_us = qd;
-		sub->win_path_sum_us += path_sample;
-		sub->win_path_n++;
+		/* A flow that began beside the others' data in flight may have taken their queue for its
+		 * base, and reads that queue as none: its samples count once a drain that began after it
+		 * has emptied the queue under its packets. (Without this, the short flows of a page or of
+		 * requests beside a download read 0 in every window, and the law grew the window into a
+		 * queue of half a second on 3G.) */
+		if (!f->proven && sub->drained_us > f->start_us && !sub->draining &&
+		    a->now_us - a->rtt_us >= sub->drained_us)
+			f->proven = 1;
+		if (f->proven) {
+			path_sample = a->rtt_us > qd ? a->rtt_us - qd : 0;
+			sample_qd = qd;
+			if (qd < sub->win_qd_us)
+				sub->win_qd_us = qd;
+			sub->win_path_sum_us += path_sample;
+			sub->win_path_n++;
+		}
 	}
 	/* The minimum RTT is the path's without our queue: fed the RTT less its queue sample, so a queue
 	 * the law holds for good does not creep into it when an old minimum expires (and with it the

@@ -13,6 +13,7 @@ download), on links made to order here. What the law promises, checked on what i
   - the uplink's own queue (the ACKs wait for grants) does not hold the download back, and ACKs it
     held back are neither an outage nor a burst of delivery;
   - a slow link's grants far apart are not pauses, and a delayed ACK is not a queue;
+  - short flows that begin in a download's queue do not hide it;
   - a flow that joins a held queue does not make the law hold twice the target (its drains);
   - a capacity that falls fiftyfold (a handover) is followed within seconds.
 No root: the model is compiled here with the system's C compiler.
@@ -174,7 +175,8 @@ def test_grants_far_apart_are_not_pauses(model, tmp_path):
     got = run(model, tmp_path, grants(0.5, 150), constant(1), "--delay", "75", "--limit", "1000")
     assert got["rate_estimate_mbps"] <= 1.5 * got["offered_mbps"], \
         f"grants every 150 ms: estimate {got['rate_estimate_mbps']} Mbit/s, the link's {got['offered_mbps']}"
-    assert got["wait_p50_ms"] <= 150, f"grants every 150 ms: queue median {got['wait_p50_ms']} ms"
+    # (A frame waits up to 150 ms for its grant with no queue at all.)
+    assert got["wait_p50_ms"] <= 250, f"grants every 150 ms: queue median {got['wait_p50_ms']} ms"
 
 
 def test_a_delayed_ack_is_no_queue(model, tmp_path):
@@ -184,6 +186,16 @@ def test_a_delayed_ack_is_no_queue(model, tmp_path):
     got = run(model, tmp_path, grants(0.5, 60), constant(1), "--delay", "75", "--limit", "1000")
     assert got["goodput_mbps"] >= 0.65 * got["offered_mbps"], \
         f"delayed ACKs on a small window: goodput {got['goodput_mbps']} of {got['offered_mbps']} Mbit/s"
+
+
+def test_short_flows_beside_a_download_do_not_hide_its_queue(model, tmp_path):
+    """2 Mbit/s at 150 ms RTT: a 1 KB request on a new connection every 200 ms beside the download.
+    Each request's connection begins in the download's queue and takes it for its one-way delay's
+    floor, so its samples read no queue at all; counted, they hid the queue from the law, which held
+    four times its target (116 ms, measured)."""
+    got = run(model, tmp_path, constant(2), constant(1), "--delay", "75", "--limit", "1000")
+    assert got["wait_p50_ms"] <= 2 * TARGET_MS, f"requests beside a download: queue median {got['wait_p50_ms']} ms"
+    assert got["goodput_mbps"] >= 0.85 * got["offered_mbps"], f"goodput {got['goodput_mbps']} Mbit/s"
 
 
 def test_without_timestamps_the_law_falls_back_on_rtts(model, tmp_path):
