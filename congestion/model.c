@@ -721,6 +721,11 @@ int main(int argc, char **argv)
 			"DOWN_TRACE UP_TRACE\n");
 		return 2;
 	}
+	if (jitter_ms > delay_ms) {
+		fprintf(stderr, "model: --jitter %g is more than --delay %g: a frame would arrive before it left\n",
+			jitter_ms, delay_ms);
+		return 2;
+	}
 	load_trace(&down, paths[0]);
 	load_trace(&up, paths[1]);
 	if (offset_s > 0) {
@@ -731,13 +736,8 @@ int main(int argc, char **argv)
 	down.limit_us = up.limit_us = (__u64)(limit_ms * 1000);
 	down.loss_ppm = (__u32)(loss_pct * 10000);
 	down.rng = 1;
-	up.rng = 2;
+	up.rng = 2;                        /* the uplink's jitter draws its own numbers */
 	down.jitter_us = up.jitter_us = (__u64)(jitter_ms * 1000);
-	if (jitter_ms > delay_ms) {
-		fprintf(stderr, "model: --jitter %g is more than --delay %g: a frame would arrive before it left\n",
-			jitter_ms, delay_ms);
-		return 2;
-	}
 	end = end_us = (__u64)(seconds * 1e6);
 
 	for (i = 0; !idle && i < nbulk; i++) {

@@ -31,7 +31,7 @@
 #define RADIO_STALE_US 30000000            /* a subscriber not heard from for this long starts over */
 #define RADIO_MIN_RTT_WIN_US 10000000      /* the minimum RTT is the least of the last 5-10 s */
 #define RADIO_OUTAGE_US 250000             /* no ACK for this long with data in flight: an outage */
-#define RADIO_SILENCE_US 100000            /* ... this long: the link paused (a scheduler's silence, or an outage) */
+#define RADIO_SILENCE_US 100000            /* ... this long, and two round trips: the link paused (radio_pause_us) */
 #define RADIO_DELACK_US 40000             /* a receiver's delayed-ACK timer, at least (Linux: TCP_DELACK_MIN) */
 #define RADIO_EPOCH_US 10000000            /* "subscribers active" counts those heard in one epoch */
 
@@ -71,7 +71,6 @@ struct radio_sub {
 	__u32 win_path_n;                  /* without our queue (with the uplink's grants' wait) is their mean */
 	__u32 win_bulk;                    /* flows that were not application-limited in the window */
 	__u32 win_full;                    /* a flow filled its window in it: the link may take more */
-	__u32 win_gap_us;                  /* the longest time without an ACK in it */
 	__u32 bulk;                        /* ... in the last window: the rate is shared among them */
 	__u32 window_id;                   /* counts windows, so a flow counts itself once in each */
 	__u32 qdelay_us;                   /* the standing queue of the last window */
@@ -87,20 +86,21 @@ struct radio_sub {
 /* radio_flow: a socket's own state, in its icsk_ca_priv (at most 104 bytes). */
 struct radio_flow {
 	__u64 last_ack_us;                 /* the socket's last ACK */
+	__u64 last_rx_us;                  /* ... and when the peer sent it (radio_uplink_hold) */
+	__u64 start_us;                    /* when it joined its subscriber (radio_start) */
+	__s64 owd_base;                    /* one-way delay with no queue, in the peer's timestamp terms */
+	__s64 up_base;                     /* an ACK's way back with no wait for a grant, in the same terms */
 	__u32 window_id;                   /* the subscriber window it last counted itself bulk in */
 	__u32 in_flight;                   /* packets out after its last ACK: was it waiting for one? */
 	__u32 target_us;
-	__s64 owd_base;                    /* one-way delay with no queue, in the peer's timestamp terms */
-	__s64 up_base;                     /* an ACK's way back with no wait for a grant, in the same terms */
 	__u8 has_sub;                      /* it holds a count in its subscriber's entry */
 	__u8 has_base;                     /* owd_base is set */
 	__u8 has_up;                       /* up_base is set */
-	__u64 last_rx_us;                  /* when the peer sent its last ACK (radio_uplink_hold) */
-	__u64 start_us;
 	__u8 delacks;                      /* the peer acknowledges two packets at once: it delays ACKs */
 	__u8 proven;                       /* its owd_base has seen the queue empty: its samples count */
-	__u8 pad[6];
+	__u8 pad[3];
 };
+_Static_assert(sizeof(struct radio_flow) <= 104, "radio_flow must fit in icsk_ca_priv (13 x u64)");
 
 /* radio_stats: HASH, key __u32 (graph namespace inode), value struct
  * radio_graph_stats. Counters only grow; the exporter makes rates of them.

@@ -368,7 +368,6 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
 	sub->bulk = sub->win_bulk;
 	sub->win_bulk = 0;
 	sub->win_full = 0;
-	sub->win_gap_us = 0;
 	sub->win_delivered = 0;
 	sub->win_lost = 0;
 	sub->win_qd_us = ~0U;
@@ -391,9 +390,8 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
 static inline __u32 radio_queue_sample(struct radio_flow *f, const struct radio_ack *a, __u32 min_rtt_us,
 					__u64 since_us)
 {
-	__s64 owd;
-
 	__u32 qd, held = 0;
+	__s64 owd;
 
 	/* A peer that acknowledges two packets at once delays its ACKs: one that acknowledges a single
 	 * packet waited for the next packet, or for its delayed-ACK timer if that came first, and both
@@ -424,7 +422,7 @@ static inline __u32 radio_queue_sample(struct radio_flow *f, const struct radio_
  * own grants, and a silence of the uplink hands over the ACKs of a quarter of a second at once:
  * taken at their arrival they read as a burst of delivery that never happened (what inflates a
  * max filter like BBR's) and as a pause of the downlink that never was. The law times its control
- * windows and pauses by `now - hold`: when the subscriber received what the ACK acknowledges.
+ * windows and pauses by `now - hold`: when the subscriber sent the ACK, on our clock.
  * A flow's base only moves down, as owd_base does. 0 without timestamps. */
 static inline __u64 radio_uplink_hold(struct radio_flow *f, const struct radio_ack *a)
 {
@@ -521,8 +519,6 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 				path_sample);
 	if (!min_rtt)
 		min_rtt = a->srtt_us;
-	if (a->now_us - sub->last_ack_us > sub->win_gap_us)
-		sub->win_gap_us = a->now_us - sub->last_ack_us;
 	sub->last_ack_us = a->now_us;
 	if ((__s64)(rx - sub->last_rx_us) > 0)
 		sub->last_rx_us = rx;
