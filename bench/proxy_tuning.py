@@ -73,11 +73,12 @@ def replaced(old: str, new: str) -> Callable[[str], str]:
     return change
 
 
-def listener_per_thread(cfg: str) -> str:
-    """Each bind line once per thread (`thread N`): a listening socket of each thread's own, in one
-    SO_REUSEPORT group, so no accepted connection is handed from one thread to another."""
-    n = int(re.search(r"(?m)^    nbthread (\d+)$", cfg).group(1))
-    return re.sub(r"(?m)^(    bind .*)$", lambda m: "\n".join(f"{m.group(1)} thread {t}" for t in range(1, n + 1)), cfg)
+def shared_listener(cfg: str) -> str:
+    """The binds as they were before each thread had its own (haproxy/render.py): one listening
+    socket per address and port that every thread polls (the `thread 1` line, its owner dropped;
+    the other threads' lines gone)."""
+    cfg = re.sub(r"(?m)^    bind .* thread (?!1$)\d+\n", "", cfg)
+    return re.sub(r"(?m)^(    bind .*) thread 1$", r"\g<1>", cfg)
 
 
 # name: (what it changes, the change to the rendered config). Each is one HAProxy 2.6 setting (its
@@ -85,7 +86,8 @@ def listener_per_thread(cfg: str) -> str:
 CANDIDATES: dict[str, tuple[str, Callable[[str], str]]] = {
     "no-multi-queue": ("`tune.listener.multi-queue off`: the thread that accepts a connection serves it",
                        in_global("tune.listener.multi-queue off")),
-    "listener-per-thread": ("a listening socket per thread (SO_REUSEPORT)", listener_per_thread),
+    "shared-listener": ("one listening socket that every thread polls (the default had it before 2026-11)",
+                        shared_listener),
     "smart-connect": ("backend `option tcp-smart-connect`: the handshake's last ACK goes with the request",
                       in_sections("backend", "option tcp-smart-connect")),
     "smart-accept": ("frontend `option tcp-smart-accept`: no quick ACK of the request",

@@ -79,7 +79,7 @@ def host_problems(cfg: Config, info: HostInfo) -> list[FieldError]:
     out += paths(cfg)
     if any(g.proxy.enabled for g in cfg.graphs):
         graphs = sum(g.proxy.enabled for g in cfg.graphs)
-        most = maxconn_for(info.nofile, graphs)
+        most = maxconn_for(info.nofile, graphs, len(info.proxy_cpus(cfg.host.threads)))
         if cfg.host.maxconn > most:
             bad("host.maxconn", cfg.host.maxconn, f"HAProxy would need more descriptors than this host's open-file "
                 f"limit ({info.nofile}) gives: at most {most} here; raise the limit (LimitNOFILE= in "

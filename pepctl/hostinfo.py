@@ -31,6 +31,13 @@ class HostInfo:
     proxy_gid: int | None
     cgroup2: str | None = None   # the root of the cgroup v2 hierarchy; None: none mounted
 
+    def proxy_cpus(self, threads: int = 0) -> tuple[int, ...]:
+        """The CPU of each HAProxy thread: one thread per CPU near the NIC, or `threads` of them
+        (host.threads) laid over those CPUs in turn."""
+        if not threads:
+            return self.cpus
+        return tuple(self.cpus[i % len(self.cpus)] for i in range(threads))
+
 
 def parse_cpulist(text: str) -> list[int]:
     """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]"""
@@ -115,12 +122,13 @@ def cgroup2_root() -> str | None:
     return min(found, key=len) if found else None
 
 
-def maxconn_for(nofile: int, graphs: int = 1) -> int:
-    """Connections one HAProxy process can hold within the open-file limit.
+def maxconn_for(nofile: int, graphs: int = 1, threads: int = 1) -> int:
+    """Connections one HAProxy process of `threads` threads can hold within the open-file limit.
 
     Each proxied connection costs two sockets, and with splice HAProxy keeps
     up to maxconn/4 pipes of two fds each: about 2.5 fds a connection. Keep
-    200 fds for logs and the stats socket, and 3 per graph: its two listeners
-    and the open namespace HAProxy keeps for them.
+    200 fds for logs and the stats socket, and per graph its listeners (one
+    per thread and address family: haproxy/render.py) and the open namespace
+    HAProxy keeps for them.
     """
-    return max(int((nofile - 200 - 3 * graphs) / 2.5), 25)
+    return max(int((nofile - 200 - (2 * threads + 1) * graphs) / 2.5), 25)

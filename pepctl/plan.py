@@ -238,7 +238,8 @@ def tc_swap(ns: str | None, attachments: list) -> None:
 def connection_limits(cfg: Config, info: HostInfo) -> tuple[int, dict[str, int]]:
     """HAProxy's maxconn: the process's (the host's maxconn, or what the open-file limit allows) and
     each proxied graph's (its own, at most the process's). The datapath bypasses at the same."""
-    total = cfg.host.maxconn or maxconn_for(info.nofile, len(proxied(cfg)))
+    threads = len(info.proxy_cpus(cfg.host.threads))
+    total = cfg.host.maxconn or maxconn_for(info.nofile, len(proxied(cfg)), threads)
     return total, {g.name: min(g.proxy.maxconn or total, total) for g in proxied(cfg)}
 
 
@@ -553,9 +554,6 @@ def haproxy_check_argv(n, path: str) -> list[str]:
 
 def haproxy_config(cfg: Config, info: HostInfo) -> str:
     graphs = proxied(cfg)
-    cpus = list(info.cpus)
-    if cfg.host.threads:
-        cpus = [cpus[i % len(cpus)] for i in range(cfg.host.threads)]
     total, limits = connection_limits(cfg, info)
     proxies = []
     for g in graphs:
@@ -565,7 +563,8 @@ def haproxy_config(cfg: Config, info: HostInfo) -> str:
         proxies.append(GraphProxy(name=cfg.graph_names(g).proxy, netns=cfg.graph_names(g).netns, ports=ports,
                                   mode=p.mode, splice=p.splice, maxconn=limits[g.name],
                                   log_connections=p.log_connections, keep_port=p.source_port == "kept"))
-    return render(Process(title=f"instance {cfg.host.instance}", cpus=tuple(cpus), maxconn=total), proxies)
+    return render(Process(title=f"instance {cfg.host.instance}", cpus=info.proxy_cpus(cfg.host.threads), maxconn=total),
+                  proxies)
 
 
 def register_steps(cfg: Config) -> list[Step]:

@@ -28,6 +28,7 @@ from haproxy.render import STATS_ENV, GraphProxy, Process
 from haproxy.render import render as render_haproxy
 from netns.configs import one_graph, toml_text
 from pepctl.config import Graph, parse
+from pepctl.hostinfo import HostInfo, maxconn_for
 from pepctl.render_nft import COUNTERS, render_nft
 
 CONFIG = toml_text(one_graph(proxy={"interception": "nft", "ports": [80, 443, "8000-8080"]}))
@@ -151,8 +152,9 @@ def test_every_graph_has_its_own_frontend_backend_and_maxconn():
     for name, ns, maxconn in (("graph_g1", "pep1-g1", 100), ("graph_g2", "pep1-g2", 200)):
         fe, be = section(text, f"frontend {name}"), section(text, f"backend {name}")
         assert f"maxconn {maxconn}" in fe, fe
-        assert f"bind 0.0.0.0:50080 transparent namespace {ns}" in fe, fe
-        assert f"bind [::]:50080 transparent v6only namespace {ns}" in fe, fe
+        for t in (1, 2):
+            assert f"bind 0.0.0.0:50080 transparent namespace {ns} thread {t}" in fe, fe
+            assert f"bind [::]:50080 transparent v6only namespace {ns} thread {t}" in fe, fe
         assert f"default_backend {name}" in fe
         assert f"server origin 0.0.0.0 namespace {ns}" in be, be
 
@@ -177,10 +179,22 @@ def test_haproxy_splice(splice, want):
 
 
 def test_haproxy_route_mode_binds_every_port_on_both_families():
-    fe = section(render(gp(ports=("80", "443", "8000-8080"))), "frontend graph_g1")
+    fe = section(render(gp(ports=("80", "443", "8000-8080")), cpus=(0,)), "frontend graph_g1")
     binds = [x for x in fe if x.startswith("bind")]
     assert binds == [f"bind {a}:{p} transparent{v6} namespace pep1-g1"
                      for p in ("80", "443", "8000-8080") for a, v6 in (("0.0.0.0", ""), ("[::]", " v6only"))]
+
+
+@pytest.mark.parametrize("cpus", [(0,), (0, 1), (3, 1, 2)])
+def test_haproxy_each_thread_has_listeners_of_its_own(cpus):
+    """One listening socket per thread, address and port (SO_REUSEPORT: the kernel spreads new
+    connections over them); one thread needs no `thread` owner."""
+    fe = section(render(gp(ports=("80", "8000-8080")), cpus=cpus), "frontend graph_g1")
+    binds = [x for x in fe if x.startswith("bind")]
+    owners = [f" thread {t}" for t in range(1, len(cpus) + 1)] if len(cpus) > 1 else [""]
+    assert binds == [f"bind {a}:{p} transparent{v6} namespace pep1-g1{owner}"
+                     for p in ("80", "8000-8080") for a, v6 in (("0.0.0.0", ""), ("[::]", " v6only"))
+                     for owner in owners], binds
 
 
 @pytest.mark.parametrize("mode,keep_port,usesrc", [("tcp", True, "client"), ("http", True, "client"),
@@ -290,3 +304,17 @@ def test_nft_check_can_fail(workdir):
     path = write(workdir, "broken.nft", render_nft(GRAPH, table="t").replace("tproxy ip to", "tproxy ipx to"))
     proc = in_new_netns('nft -c -f "$1"', path)
     assert proc.returncode != 0, "nft -c accepted a broken script: the check proves nothing"
+
+
+def test_threads_cpus_and_the_listeners_descriptors():
+    """host.threads lays threads over the NIC's CPUs in turn (0: one per CPU), and the open-file
+    budget keeps a descriptor for each listener the render makes: a thread's, per address family."""
+    info = HostInfo(nic_exists=True, nic_bus=None, numa_node=None, cpus=(2, 5), cpus_note="test", nofile=20000,
+                    available_cc=frozenset(), proxy_user="pep", proxy_uid=None, proxy_gid=None)
+    assert info.proxy_cpus() == (2, 5)
+    assert info.proxy_cpus(3) == (2, 5, 2)
+    for threads in (1, 2, 8):
+        listeners = sum(x.strip().startswith("bind ") for x in render(cpus=tuple(range(threads))).splitlines())
+        spare = maxconn_for(20000, graphs=1, threads=1) - maxconn_for(20000, graphs=1, threads=threads)
+        # 2.5 descriptors a connection: the extra listeners cost their count over 2.5 connections.
+        assert abs(spare - (listeners - 2) / 2.5) <= 1, f"{threads} threads, {listeners} listeners: {spare} fewer"
