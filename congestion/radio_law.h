@@ -344,7 +344,7 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
 		/* The round trip without our queue, as the window saw it: the minimum RTT, and what the
 		 * uplink adds to it now (ACKs wait for their own grants, tens of ms apart). The window must
 		 * cover it to keep the radio busy: the mean, not the least, or every window would stop
-		 * short by the uplink's wait. */
+		 * short by the uplink's wait (an uplink's stall is left out: radio_path_sample_ok). */
 		__u32 path = sub->win_path_n ? (__u32)(sub->win_path_sum_us / sub->win_path_n) : 0;
 
 		if (path < min_rtt_us)
@@ -438,6 +438,18 @@ static inline __u64 radio_uplink_hold(struct radio_flow *f, const struct radio_a
 	return (__u64)(up - f->up_base);
 }
 
+/* Whether an ACK's round trip, less its queue sample, counts toward the path the window covers
+ * (radio_end_window): not when the uplink held it longer than a minimum RTT beyond the least its
+ * flow has seen. The uplink's grants, a few to tens of ms apart, are part of every round trip and
+ * the window must cover them; a stall of the uplink (LTE's and Wi-Fi's schedulers go silent for
+ * hundreds of ms while the downlink delivers) is not: its ACKs, all late, stretched the mean path,
+ * and the window grown by it stood in the radio's buffer as a queue of the stall's length once the
+ * ACKs flowed again (200-340 ms p95 behind stalls of 200-500 ms, model). */
+static inline int radio_path_sample_ok(__u64 held_us, __u32 min_rtt_us)
+{
+	return held_us <= min_rtt_us;
+}
+
 /* A flow's retransmission timer fired. While its subscriber's other ACKs kept coming (within
  * RADIO_SILENCE_US) the link is not paused: the flow's packets, and those sent again, were dropped by
  * a full buffer. The window that sees it counts as one that overflowed. A timer after a pause is
@@ -459,7 +471,8 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 	 * first ACK may be the one that ends a pause of the download's). */
 	int in_flight_before = f->in_flight || sub->inflight > 0;
 	__u32 known = radio_known_min_rtt(sub);
-	__u64 rx = a->now_us - radio_uplink_hold(f, a);  /* when the subscriber sent this ACK */
+	__u64 held = radio_uplink_hold(f, a);
+	__u64 rx = a->now_us - held;                     /* when the subscriber sent this ACK */
 	__u32 sample_qd = ~0U;
 	__u32 path_sample = 0;
 	__u32 min_rtt;
@@ -508,8 +521,10 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 			sample_qd = qd;
 			if (qd < sub->win_qd_us)
 				sub->win_qd_us = qd;
-			sub->win_path_sum_us += path_sample;
-			sub->win_path_n++;
+			if (radio_path_sample_ok(held, known ? known : a->srtt_us)) {
+				sub->win_path_sum_us += path_sample;
+				sub->win_path_n++;
+			}
 		}
 	}
 	/* The minimum RTT is the path's without our queue: fed the RTT less its queue sample, so a queue
