@@ -390,7 +390,7 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
 static inline __u32 radio_queue_sample(struct radio_flow *f, const struct radio_ack *a, __u32 min_rtt_us,
 					__u64 since_us)
 {
-	__u32 qd, held = 0;
+	__u32 qd, timer_wait = 0;
 	__s64 owd;
 
 	/* A peer that acknowledges two packets at once delays its ACKs: one that acknowledges a single
@@ -403,7 +403,7 @@ static inline __u32 radio_queue_sample(struct radio_flow *f, const struct radio_
 	if (a->acked_bytes >= 2 * (__u64)a->mss)
 		f->delacks = 1;
 	else if (f->delacks)
-		held = since_us < RADIO_DELACK_US ? (__u32)since_us : RADIO_DELACK_US;
+		timer_wait = since_us < RADIO_DELACK_US ? (__u32)since_us : RADIO_DELACK_US;
 	if (!a->tsval) {
 		qd = radio_qdelay(a->rtt_us, min_rtt_us);
 	} else {
@@ -414,7 +414,7 @@ static inline __u32 radio_queue_sample(struct radio_flow *f, const struct radio_
 		}
 		qd = owd > f->owd_base ? (__u32)(owd - f->owd_base) : 0;
 	}
-	return qd > held ? qd - held : 0;
+	return qd > timer_wait ? qd - timer_wait : 0;
 }
 
 /* How long this ACK waited on the uplink beyond the least any ACK of its flow waited: the
@@ -471,6 +471,7 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 	 * first ACK may be the one that ends a pause of the download's). */
 	int in_flight_before = f->in_flight || sub->inflight > 0;
 	__u32 known = radio_known_min_rtt(sub);
+	__u32 base_rtt = known ? known : a->srtt_us;     /* the minimum RTT, or the socket's guess before one */
 	__u64 held = radio_uplink_hold(f, a);
 	__u64 rx = a->now_us - held;                     /* when the subscriber sent this ACK */
 	__u32 sample_qd = ~0U;
@@ -505,7 +506,7 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 		sub->win_path_n = 0;
 	} else if (a->rtt_us && a->now_us - a->rtt_us >= sub->resumed_us) {
 		/* (A packet sent before the link resumed waited out the pause: its delay is not a queue.) */
-		__u32 qd = radio_queue_sample(f, a, known ? known : a->srtt_us,
+		__u32 qd = radio_queue_sample(f, a, base_rtt,
 					      (__s64)(rx - f->last_rx_us) > 0 ? rx - f->last_rx_us : 0);
 
 		/* A flow that began beside the others' data in flight may have taken their queue for its
@@ -521,7 +522,7 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 			sample_qd = qd;
 			if (qd < sub->win_qd_us)
 				sub->win_qd_us = qd;
-			if (radio_path_sample_ok(held, known ? known : a->srtt_us)) {
+			if (radio_path_sample_ok(held, base_rtt)) {
 				sub->win_path_sum_us += path_sample;
 				sub->win_path_n++;
 			}
