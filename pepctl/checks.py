@@ -78,8 +78,8 @@ def host_problems(cfg: Config, info: HostInfo) -> list[FieldError]:
                 "out on a host that is the only one")
     out += paths(cfg)
     if any(g.proxy.enabled for g in cfg.graphs):
-        graphs = sum(g.proxy.enabled for g in cfg.graphs)
-        most = maxconn_for(info.nofile, graphs, len(info.proxy_cpus(cfg.host.threads)))
+        bound = [g.proxy.bound_ports for g in cfg.graphs if g.proxy.enabled]
+        most = maxconn_for(info.nofile, bound, len(info.proxy_cpus(cfg.host.threads)))
         if cfg.host.maxconn > most:
             bad("host.maxconn", cfg.host.maxconn, f"HAProxy would need more descriptors than this host's open-file "
                 f"limit ({info.nofile}) gives: at most {most} here; raise the limit (LimitNOFILE= in "

@@ -12,6 +12,7 @@ import grp
 import os
 import pwd
 import resource
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .runner import run, run_json
@@ -122,13 +123,15 @@ def cgroup2_root() -> str | None:
     return min(found, key=len) if found else None
 
 
-def maxconn_for(nofile: int, graphs: int = 1, threads: int = 1) -> int:
+def maxconn_for(nofile: int, bound_ports: Sequence[int] = (1,), threads: int = 1) -> int:
     """Connections one HAProxy process of `threads` threads can hold within the open-file limit.
 
     Each proxied connection costs two sockets, and with splice HAProxy keeps
     up to maxconn/4 pipes of two fds each: about 2.5 fds a connection. Keep
-    200 fds for logs and the stats socket, and per graph its listeners (one
-    per thread and address family: haproxy/render.py) and the open namespace
+    200 fds for logs and the stats socket, and per proxied graph (bound_ports:
+    the ports each binds, Proxy.bound_ports) its listeners, one per port,
+    thread and address family (haproxy/render.py), and the open namespace
     HAProxy keeps for them.
     """
-    return max(int((nofile - 200 - (2 * threads + 1) * graphs) / 2.5), 25)
+    listeners = sum(2 * threads * ports + 1 for ports in bound_ports)
+    return max(int((nofile - 200 - listeners) / 2.5), 25)

@@ -239,7 +239,7 @@ def connection_limits(cfg: Config, info: HostInfo) -> tuple[int, dict[str, int]]
     """HAProxy's maxconn: the process's (the host's maxconn, or what the open-file limit allows) and
     each proxied graph's (its own, at most the process's). The datapath bypasses at the same."""
     threads = len(info.proxy_cpus(cfg.host.threads))
-    total = cfg.host.maxconn or maxconn_for(info.nofile, len(proxied(cfg)), threads)
+    total = cfg.host.maxconn or maxconn_for(info.nofile, [g.proxy.bound_ports for g in proxied(cfg)], threads)
     return total, {g.name: min(g.proxy.maxconn or total, total) for g in proxied(cfg)}
 
 

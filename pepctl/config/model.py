@@ -53,6 +53,12 @@ class Proxy:
         the packets of the proxy's flows; route listens on each intercepted port."""
         return self.interception in ONE_LISTENER
 
+    @property
+    def bound_ports(self) -> int:
+        """How many ports HAProxy binds for this graph: listen_port alone, or in route each
+        intercepted port (HAProxy binds a range as a socket per port)."""
+        return 1 if self.one_listener else sum(hi - lo + 1 for lo, hi in self.ports or ())
+
 
 @dataclass(frozen=True)
 class Bypass:

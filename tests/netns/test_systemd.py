@@ -302,7 +302,7 @@ def test_open_file_limit_of_the_unit_reaches_haproxy_and_its_maxconn(appliance):
     maxconn = status["graphs"][0]["proxy"]["haproxy"]["sessions_limit"]
     pid = status["proxy"]["haproxy"]["pid"]
     threads = len(appliance.box.run(f"ls /proc/{pid}/task").stdout.split())   # each has its own listeners
-    want = hostinfo.maxconn_for(got, 1, threads)
+    want = hostinfo.maxconn_for(got, (1,), threads)
     assert maxconn == want, f"HAProxy's maxconn {maxconn}; expected {want} for {got} open files and {threads} threads"
     if ceiling < unit:
         pytest.skip(f"LimitNOFILE={unit} itself cannot take effect here: the container's hard limit is {ceiling} "

@@ -197,6 +197,21 @@ def test_haproxy_each_thread_has_listeners_of_its_own(cpus):
                      for owner in owners], binds
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_descriptor_budget_counts_each_port_route_binds(threads):
+    """route binds a socket per intercepted port (a range is a socket per port), per thread and
+    address family; bpf and nft one listen_port: maxconn's budget leaves a descriptor for each."""
+    ranges = ((80, 80), (443, 443), (8000, 8080))
+    route, bpf = graph(interception="route", ports=ranges), graph(interception="bpf", ports=ranges)
+    assert (route.proxy.bound_ports, bpf.proxy.bound_ports) == (83, 1), \
+        f"ports bound: route {route.proxy.bound_ports}, bpf {bpf.proxy.bound_ports}; expected 83 and 1"
+    budget = {g.proxy.interception: maxconn_for(20000, [g.proxy.bound_ports], threads) for g in (route, bpf)}
+    spare = budget["bpf"] - budget["route"]
+    sockets = 2 * threads * 82   # route's 82 ports more, per address family and thread
+    assert abs(spare - sockets / 2.5) <= 1, f"{threads} threads: route leaves {spare} connections fewer; " \
+                                              f"expected {sockets / 2.5:.0f} for {sockets} more listening sockets"
+
+
 @pytest.mark.parametrize("mode,keep_port,usesrc", [("tcp", True, "client"), ("http", True, "client"),
                                                    ("tcp", False, "clientip")])
 def test_haproxy_backend_goes_to_original_destination_from_client_address(mode, keep_port, usesrc):
@@ -315,6 +330,6 @@ def test_threads_cpus_and_the_listeners_descriptors():
     assert info.proxy_cpus(3) == (2, 5, 2)
     for threads in (1, 2, 8):
         listeners = sum(x.strip().startswith("bind ") for x in render(cpus=tuple(range(threads))).splitlines())
-        spare = maxconn_for(20000, graphs=1, threads=1) - maxconn_for(20000, graphs=1, threads=threads)
+        spare = maxconn_for(20000, threads=1) - maxconn_for(20000, threads=threads)
         # 2.5 descriptors a connection: the extra listeners cost their count over 2.5 connections.
         assert abs(spare - (listeners - 2) / 2.5) <= 1, f"{threads} threads, {listeners} listeners: {spare} fewer"
