@@ -28,6 +28,8 @@
  *     --flows N      bulk downloads of one subscriber at once (1)
  *     --join S       the second and later downloads start S seconds in, into the
  *                    queue the first one holds
+ *     --leave S      the first download ends S seconds in (sends nothing new, and
+ *                    closes once all it sent is acknowledged)
  *     --offset S     start the traces S seconds in (they loop)
  *     --loss P       lose P% of the downlink's frames at random (after the queue)
  *     --jitter MS    add a uniform +-MS to every frame's delay, both ways, frames
@@ -200,6 +202,7 @@ enum ev_type {
 	EV_SAMPLE,
 	EV_PAGE_START,       /* the page's connections start their handshakes */
 	EV_BULK_START,       /* a later bulk download starts (--join): flow */
+	EV_BULK_LEAVE,       /* the first download ends (--leave) */
 	EV_PAGE_REQ_AT_PEP,  /* a page connection's next request reaches the PEP: aux = its object */
 };
 
@@ -668,7 +671,7 @@ int main(int argc, char **argv)
 {
 	double seconds = 20, delay_ms = 25, limit_ms = 500, offset_s = 0, loss_pct = 0, jitter_ms = 0;
 	int idle = 0, series = 0, nbulk = 1, i;
-	double page_s = -1, join_s = 0;
+	double page_s = -1, join_s = 0, leave_s = 0;
 	const char *paths[2] = {0};
 	int npaths = 0;
 	struct flow *bulk[MAX_BULK];
@@ -702,6 +705,8 @@ int main(int argc, char **argv)
 			series = 1;
 		else if (!strcmp(argv[i], "--no-timestamps"))
 			timestamps = 0;
+		else if (!strcmp(argv[i], "--leave") && i + 1 < argc)
+			leave_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--join") && i + 1 < argc)
 			join_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--page") && i + 1 < argc)
@@ -717,7 +722,7 @@ int main(int argc, char **argv)
 	}
 	if (npaths != 2 || nbulk < 1 || nbulk > MAX_BULK) {
 		fprintf(stderr, "usage: model [--seconds S] [--delay MS] [--limit MS] [--target MS] [--flows N] "
-			"[--offset S] [--loss P] [--jitter MS] [--no-timestamps] [--idle] [--series] [--page S] [--join S] [--sender cubic] "
+			"[--offset S] [--loss P] [--jitter MS] [--no-timestamps] [--idle] [--series] [--page S] [--join S] [--leave S] [--sender cubic] "
 			"DOWN_TRACE UP_TRACE\n");
 		return 2;
 	}
@@ -751,6 +756,8 @@ int main(int argc, char **argv)
 	}
 	for (__u64 t = 0; t + 1000000 <= end; t += 200000)
 		push(t, EV_PROBE_START, 0, 0, 0);
+	if (leave_s > 0 && !idle)
+		push((__u64)(leave_s * 1e6), EV_BULK_LEAVE, 0, 0, 0);
 	for (__u64 t = 0; t < end; t += 10000)
 		push(t, EV_SAMPLE, 0, 0, 0);
 	for (k = 0; k < PAGE_OBJECTS; k++)   /* 10 of 100 KB, then 20 of 1 KB */
@@ -811,6 +818,11 @@ int main(int argc, char **argv)
 			break;
 		case EV_BULK_START:
 			flow_start(f, e.flow, e.t, (__u32)(2 * delay_ms * 1000));
+			break;
+		case EV_BULK_LEAVE:
+			/* A short flow from now on: it ends, and leaves the law, once all it sent is acknowledged. */
+			bulk[0]->total = bulk[0]->nxt;
+			bulk[0]->bulk = 0;
 			break;
 		case EV_PAGE_START:
 			page_start = e.t;

@@ -80,7 +80,8 @@ struct radio_sub {
 	__u32 epoch;                       /* the last epoch it was counted active in */
 	__u8 startup;                      /* no queue seen yet: the window grows by what each ACK delivers */
 	__u8 draining;                     /* this control window drains the queue: half the path flies */
-	__u8 pad[2];
+	__u8 win_seen;                     /* RADIO_SEEN_*: whose ACKs the window had (radio_window_blind) */
+	__u8 blind;                        /* windows in a row that were blind, up to 255 */
 };
 
 /* radio_flow: a socket's own state, in its icsk_ca_priv (at most 104 bytes). */

@@ -28,7 +28,8 @@
  *   - The flows together never have more in flight than the window: each
  *     gets its share, but no more than the others leave (radio_share).
  *   - Every 10 s the window drains the queue for a round trip, so every flow
- *     sees its floor again.
+ *     sees its floor again; sooner when the law is blind: its only flows
+ *     began beside others' data and give no samples until a drain.
  *   - A pause of the link (the subscriber received nothing for RADIO_SILENCE_US
  *     and two round trips with data in flight: a scheduler's silence, an
  *     outage when it lasts RADIO_OUTAGE_US) is not
@@ -52,6 +53,10 @@
 #define RADIO_OVERFLOW_PARTS 5             /* a window that lost 1/5 of what it sent overflowed the buffer */
 #define RADIO_SRTT_GUESS_US 100000         /* an RTT before any sample (the kernel's guess, 1 s, is unkind) */
 #define RADIO_DRAIN_EVERY_US 10000000      /* a subscriber's queue is drained this often (radio_end_window) */
+#define RADIO_DRAIN_BLIND_US 1000000       /* ... and sooner when blind (radio_window_blind), but not this soon */
+#define RADIO_BLIND_WINDOWS 2              /* windows in a row blind before that drain */
+#define RADIO_SEEN_PROVEN 1                /* win_seen: an ACK of a flow whose samples count */
+#define RADIO_SEEN_SET_ASIDE 2             /* ... a queue sample set aside: its flow is not proven yet */
 
 /* The standing queue: the window's least RTT above the minimum RTT. */
 static inline __u32 radio_qdelay(__u32 rtt_us, __u32 min_rtt_us)
@@ -311,6 +316,17 @@ static inline void radio_stop(struct radio_sub *sub, struct radio_flow *f, __u32
 	__sync_fetch_and_add(&sub->inflight, -(__s64)f->in_flight * mss);
 }
 
+/* Whether a control window was blind: it had queue samples, all set aside (their flows began beside
+ * the others' data in flight and are not proven: radio_on_ack), and no ACK of a flow whose samples
+ * count. A download that joined beside another one is left so when that one ends: until a drain
+ * passes under it, the law neither grows nor cuts the window, however the capacity moves (the model:
+ * a capacity that fell sixfold then stood in the buffer as 440 ms of queue, one that tripled went
+ * unused, until the next drain up to 10 s later). */
+static inline int radio_window_blind(const struct radio_sub *sub)
+{
+	return sub->win_qd_us == ~0U && sub->win_seen == RADIO_SEEN_SET_ASIDE;
+}
+
 /* The end of a subscriber's control window: its next window and rate. */
 static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64 now_us, __u32 min_rtt_us,
 				    struct radio_out *out)
@@ -357,10 +373,14 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
 	 * empties: every flow then sees the path's one-way delay and RTT with no queue, its base and the
 	 * minimum RTT are right again (a flow that began in a held queue, a minimum that expired while
 	 * the queue stood), and the law cannot creep up on a queue of its own making. It costs a round
-	 * trip at half rate in ten seconds (BBR's PROBE_RTT does the same for its minimum RTT). */
+	 * trip at half rate in ten seconds (BBR's PROBE_RTT does the same for its minimum RTT). After
+	 * RADIO_BLIND_WINDOWS blind windows, at once (one alone may be a lull of the proven flows). */
+	sub->blind = !radio_window_blind(sub) ? 0 : sub->blind < 255 ? sub->blind + 1 : 255;
 	if (sub->draining) {
 		sub->draining = 0;
-	} else if (!sub->startup && (__s64)(now_us - sub->drained_us) >= RADIO_DRAIN_EVERY_US) {
+	} else if (!sub->startup && ((__s64)(now_us - sub->drained_us) >= RADIO_DRAIN_EVERY_US ||
+				     (sub->blind >= RADIO_BLIND_WINDOWS &&
+				      (__s64)(now_us - sub->drained_us) >= RADIO_DRAIN_BLIND_US))) {
 		sub->draining = 1;
 		sub->drained_us = now_us;
 	}
@@ -371,6 +391,7 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
 	sub->win_delivered = 0;
 	sub->win_lost = 0;
 	sub->win_qd_us = ~0U;
+	sub->win_seen = 0;
 	sub->win_path_sum_us = 0;
 	sub->win_path_n = 0;
 	sub->window_id++;
@@ -502,6 +523,7 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 		sub->win_lost = 0;
 		sub->win_bulk = 0;
 		sub->win_qd_us = ~0U;
+		sub->win_seen = 0;
 		sub->win_path_sum_us = 0;
 		sub->win_path_n = 0;
 	} else if (a->rtt_us && a->now_us - a->rtt_us >= sub->resumed_us) {
@@ -526,8 +548,12 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 				sub->win_path_sum_us += path_sample;
 				sub->win_path_n++;
 			}
+		} else {
+			sub->win_seen |= RADIO_SEEN_SET_ASIDE;
 		}
 	}
+	if (f->proven)
+		sub->win_seen |= RADIO_SEEN_PROVEN;
 	/* The minimum RTT is the path's without our queue: fed the RTT less its queue sample, so a queue
 	 * the law holds for good does not creep into it when an old minimum expires (and with it the
 	 * queue's own baseline: the law would then hold twice its target). */

@@ -15,6 +15,7 @@ download), on links made to order here. What the law promises, checked on what i
   - a slow link's grants far apart are not pauses, and a delayed ACK is not a queue;
   - short flows that begin in a download's queue do not hide it;
   - a flow that joins a held queue does not make the law hold twice the target (its drains);
+  - a download left alone after the one it joined ends is not left blind (an early drain);
   - a capacity that falls fiftyfold (a handover) is followed within seconds.
 No root: the model is compiled here with the system's C compiler.
 """
@@ -238,6 +239,24 @@ def test_a_flow_that_joins_a_held_queue_does_not_double_it(model, tmp_path):
     late = statistics.median(w for t, w in waits if t >= 15)
     assert late <= 1.5 * TARGET_MS, f"two downloads, the second joined at 5 s: queue median {late} ms after 15 s"
     assert got["goodput_mbps"] >= 0.85 * got["offered_mbps"], f"goodput {got['goodput_mbps']} Mbit/s"
+
+
+@pytest.mark.parametrize("before, after, want", [(30, 5, "queue"), (10, 30, "goodput")])
+def test_a_download_left_alone_is_not_blind(model, tmp_path, before, after, want):
+    """A download joins another at 11 s and takes their queue for its floor: its samples count only
+    once a drain has passed under it. The first one ends at 12 s, and the capacity moves at 13 s.
+    Until the next drain (20 s) the law would see no queue at all, and hold its window whatever the
+    capacity: one that fell sixfold stood in the buffer as 440 ms of queue, one that tripled went
+    unused (measured). Blind for two windows, it drains at once."""
+    got, waits = series_waits(model, tmp_path, rate_trace(lambda t: before if t < 13000 else after, 30), constant(5),
+                              "--seconds", "30", "--flows", "2", "--join", "11", "--leave", "12")
+    if want == "queue":
+        late = statistics.median(w for t, w in waits if 14 <= t < 20)
+        assert late <= 1.5 * TARGET_MS, f"{before} -> {after} Mbit/s at 13 s: queue median {late} ms over 14-20 s"
+    else:
+        offered = (2 * before + 17 * after) / 30   # what the second download was offered, over the run's 30 s
+        assert got["bulk_mbps"][1] >= 0.85 * offered, \
+            f"{before} -> {after} Mbit/s at 13 s: the second download got {got['bulk_mbps'][1]} of {offered:.1f} Mbit/s"
 
 
 def test_a_capacity_that_falls_fiftyfold_is_followed(model, tmp_path):
