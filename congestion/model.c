@@ -272,6 +272,7 @@ enum pkt_state { PKT_OUT = 1, PKT_DELIVERED, PKT_LOST };
 
 struct flow {
 	int bulk, started, done;
+	int left;                          /* a download that ended (--leave): full-size frames still */
 	int page;                          /* a page connection (1..PAGE_CONNS); 0: not */
 	__u64 begin;                       /* requests: when the client called connect() */
 	__u64 total;                       /* packets to send (bulk: unbounded) */
@@ -391,7 +392,7 @@ static void try_send(struct flow *f, __u32 id, __u64 now)
 		f->state[seq] = PKT_OUT;
 		f->sent_at[seq] = now;
 		f->out++;
-		at = link_send(&down, now, f->bulk ? DATA_FRAME : 1100 + 66);
+		at = link_send(&down, now, f->bulk || f->left ? DATA_FRAME : 1100 + 66);
 		if (at)
 			push(at, EV_DATA_AT_CLIENT, id, seq, now);
 		if (f->out == 1)
@@ -823,6 +824,7 @@ int main(int argc, char **argv)
 			/* A short flow from now on: it ends, and leaves the law, once all it sent is acknowledged. */
 			bulk[0]->total = bulk[0]->nxt;
 			bulk[0]->bulk = 0;
+			bulk[0]->left = 1;
 			break;
 		case EV_PAGE_START:
 			page_start = e.t;
