@@ -18,7 +18,7 @@ import socket
 
 from . import congestion, routing, service
 from .config import OWN_CONGESTION, Config, ConfigError, FieldError
-from .hostinfo import HostInfo, maxconn_for
+from .hostinfo import HostInfo
 from .names import EXPORTER_UNIT, TRUNK_PREF, netns_path, unit_name
 from .register import register_entry, running_instances
 from .runner import run
@@ -78,8 +78,7 @@ def host_problems(cfg: Config, info: HostInfo) -> list[FieldError]:
                 "out on a host that is the only one")
     out += paths(cfg)
     if any(g.proxy.enabled for g in cfg.graphs):
-        bound = [g.proxy.bound_ports for g in cfg.graphs if g.proxy.enabled]
-        most = maxconn_for(info.nofile, bound, len(info.proxy_cpus(cfg.host.threads)))
+        most = info.proxy_maxconn(cfg)
         if cfg.host.maxconn > most:
             bad("host.maxconn", cfg.host.maxconn, f"HAProxy would need more descriptors than this host's open-file "
                 f"limit ({info.nofile}) gives: at most {most} here; raise the limit (LimitNOFILE= in "

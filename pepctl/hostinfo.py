@@ -15,6 +15,7 @@ import resource
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .config import Config
 from .runner import run, run_json
 
 
@@ -38,6 +39,12 @@ class HostInfo:
         if not threads:
             return self.cpus
         return tuple(self.cpus[i % len(self.cpus)] for i in range(threads))
+
+    def proxy_maxconn(self, cfg: Config) -> int:
+        """The most connections HAProxy can hold within this host's open-file limit, for cfg's
+        proxied graphs and its threads (maxconn_for)."""
+        bound = [g.proxy.bound_ports for g in cfg.graphs if g.proxy.enabled]
+        return maxconn_for(self.nofile, bound, len(self.proxy_cpus(cfg.host.threads)))
 
 
 def parse_cpulist(text: str) -> list[int]:

@@ -29,7 +29,7 @@ from haproxy.render import STATS_ENV, GraphProxy, Process, render
 
 from . import bpfsys, bypass, congestion, experiment, flow_maps, nsutil, register, routing, service, steering
 from .config import Config, Graph, Side
-from .hostinfo import HostInfo, maxconn_for
+from .hostinfo import HostInfo
 from .names import (
     C_IN,
     FLOW_PREF,
@@ -238,8 +238,7 @@ def tc_swap(ns: str | None, attachments: list) -> None:
 def connection_limits(cfg: Config, info: HostInfo) -> tuple[int, dict[str, int]]:
     """HAProxy's maxconn: the process's (the host's maxconn, or what the open-file limit allows) and
     each proxied graph's (its own, at most the process's). The datapath bypasses at the same."""
-    threads = len(info.proxy_cpus(cfg.host.threads))
-    total = cfg.host.maxconn or maxconn_for(info.nofile, [g.proxy.bound_ports for g in proxied(cfg)], threads)
+    total = cfg.host.maxconn or info.proxy_maxconn(cfg)
     return total, {g.name: min(g.proxy.maxconn or total, total) for g in proxied(cfg)}
 
 
