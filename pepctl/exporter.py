@@ -60,7 +60,7 @@ FLOW_VERDICTS = {"flows_proxied": "proxied", "flows_bypass_rule": "bypass_rule",
                  "flows_bypass_overload": "bypass_overload"}
 PACKET_REASONS = {"pkts_bypassed": "bypassed", "pkts_ttl_expired": "ttl_expired", "pkts_fib_miss": "fib_miss",
                   "pkts_not_tcp": "not_tcp", "pkts_no_flow": "no_flow", "pkts_assigned": "assigned",
-                  "pkts_syncookie": "syncookie"}
+                  "pkts_syncookie": "syncookie", "pkts_old_connection": "old_connection"}
 TABLE_EVENTS = {"flows_promoted": "promoted", "flows_stale": "stale", "flows_table_full": "table_full",
                 "flows_expired": "expired", "flows_closed": "closed", "assign_failed": "assign_failed",
                 "records_dropped": "record_dropped", "flows_measured": "measured",

@@ -69,6 +69,7 @@ COUNTERS = (
     "port_freed",
     "fin_deferred",
     "port_held",
+    "pkts_old_connection",
 )
 
 GRAPHS_MAX = 2048                                # PEP_GRAPHS_MAX

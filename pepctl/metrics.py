@@ -56,7 +56,7 @@ CATALOGUE = {m.name: m for m in (
            "reset_to_subscriber (the proxy's FIN sent as a RST: the origin had reset); the honest handshake's "
            "syn_probed, origin_accepted, origin_refused, probe_failed; port_freed (the proxy's previous "
            "connection from a client's port ended for a new flow from it), port_held (a new flow's SYN dropped "
-           "while that connection still sends), fin_deferred (a client's FIN "
+           "while that connection still sends or connects), fin_deferred (a client's FIN "
            "dropped until the proxy's connection to the origin is up)"),
     Metric("pep_failopen", "gauge", G, "1 while the graph's new flows fail open: no proxy listener"),
     Metric("pep_failopen_switches_total", "counter", G,

@@ -337,10 +337,15 @@ static __always_inline struct bpf_sock *origin_sock(struct __sk_buff *skb, const
  * (SYN_SENT): PORT_HELD, the SYN dropped (port_held); the client sends it
  * again. One ended on the round before and still there when the SYN comes
  * back (HAProxy held its lock, in close(): the RST waits in its backlog
- * until close() returns, and the round, one softirq, does not outlast that)
- * is PORT_FREE with the honest handshake (probe): the probe's round trip to
- * the origin gives close() its time, and the origin's answer is taken only
- * once the socket is gone (answer_too_early). Else PORT_HELD. */
+ * until close() returns, and the round, one softirq, does not outlast that;
+ * seen in mode nft: a client that reuses its port the moment it closed) is
+ * PORT_FREE with the honest handshake (probe): the probe's round trip to
+ * the origin gives close() its time (if it was not enough, the flow goes end
+ * to end when the answer comes: answer_too_early). Else PORT_BUSY: the flow
+ * goes end to end, as it would with no proxy. Both ends of the old connection
+ * have been told (the origin's own end is gone, or its TIME_WAIT takes the
+ * new SYN as when routed); dropped, the SYN would cost the client its 1 s
+ * retransmission timer. */
 static __always_inline int origin_side(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
 				       int retry, int probe)
 {
@@ -383,8 +388,8 @@ static __always_inline int origin_side(struct __sk_buff *skb, const struct tcp_p
 		}
 	}
 	bpf_sk_release(sk);
-	if (retry && !how && probe)
-		return PORT_FREE;
+	if (retry && !how)
+		return probe ? PORT_FREE : PORT_BUSY;
 	if (how || retry)
 		return PORT_HELD;
 	act = end_then_retry(skb, p, rcv_nxt, 1, to_origin, snd_nxt);
@@ -546,8 +551,9 @@ static __always_inline void mark_own(struct __sk_buff *skb, const struct where *
  * 0.86 of routing's 10 MB rate against 0.95 without interception in tc).
  * Tried before the flow tables: almost every segment in this mode is a
  * proxied flow's; a bypassed flow pays one lookup that finds nothing.
- * 1: the 4-tuple's socket is in TIME_WAIT, not marked yet: a bypassed flow
- * may have taken the 4-tuple since (the caller looks first). -1: none. */
+ * 1: the 4-tuple's socket is in TIME_WAIT, or a SYN-ACK meets a socket that
+ * is not connecting; not marked yet: a bypassed flow may have taken the
+ * 4-tuple since (the caller looks first). -1: none. */
 static __always_inline int to_own_socket(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
 					 __u32 *state_out)
 {
@@ -564,7 +570,11 @@ static __always_inline int to_own_socket(struct __sk_buff *skb, const struct tcp
 	 * listener's. Only a socket of this very 4-tuple is the flow's. */
 	if (state == BPF_TCP_LISTEN)
 		return -1;
-	if (state == BPF_TCP_TIME_WAIT)
+	/* A SYN-ACK is only a connecting socket's. To another (the proxy's
+	 * previous connection on this 4-tuple, ended for a new flow and not
+	 * gone yet: origin_side's PORT_BUSY) it is the new flow's, if one is
+	 * remembered: the caller looks first, as for TIME_WAIT. */
+	if (state == BPF_TCP_TIME_WAIT || (is_syn_ack(p) && state != BPF_TCP_SYN_SENT))
 		return 1;
 	mark_own(skb, w);
 	return 0;
@@ -720,6 +730,26 @@ static __always_inline int accepted_here(struct __sk_buff *skb, const struct tcp
 	return bpf_redirect(side_ifindex(w->slot, r->opener), BPF_F_INGRESS);
 }
 
+/* The honest handshake gives a probed flow up (record r): the origin's answer
+ * p goes on to the opener, and the flow end to end, remembered as verdict. */
+static __always_inline int answered_end_to_end(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
+					       const struct flow_key *k, const struct flow_syn *r, __u32 verdict)
+{
+	struct flow_new n = {
+		.verdict = verdict,
+		.syn_seq = r->syn_seq,
+		.synack_seq = p->seq,
+		.opener = r->opener,
+		.state = FLOW_SYNACK_SEEN,
+		.first_seen_ns = r->first_seen_ns,
+	};
+
+	bpf_map_update_elem(&flows_new, k, &n, BPF_ANY);
+	bpf_map_delete_elem(&syns, k);
+	count(w->slot, verdict_counter(verdict));
+	return forward(skb, p, w->slot);
+}
+
 /* The honest handshake: the origin's answer to a probe (pep_flow.h, syns).
  * -1: not one. */
 static __always_inline int syn_answered(struct __sk_buff *skb, struct tcp_pkt *p, const struct where *w,
@@ -727,7 +757,6 @@ static __always_inline int syn_answered(struct __sk_buff *skb, struct tcp_pkt *p
 {
 	struct flow_syn *r = bpf_map_lookup_elem(&syns, k);
 	struct craft_buf *b = craft_buf();
-	struct flow_new n = {};
 	__u8 syn_flags = TCP_FLAG_SYN;
 	int err;
 
@@ -761,53 +790,53 @@ static __always_inline int syn_answered(struct __sk_buff *skb, struct tcp_pkt *p
 		return TC_ACT_SHOT;   /* half-made: the origin sends its SYN-ACK again, or the opener its SYN */
 	if (err) {
 		/* An answer this datapath cannot rewrite: the flow goes end to end. */
-		n.verdict = VERDICT_BYPASS_FAILOPEN;
-		n.syn_seq = r->syn_seq;
-		n.synack_seq = p->seq;
-		n.opener = r->opener;
-		n.state = FLOW_SYNACK_SEEN;
-		n.first_seen_ns = r->first_seen_ns;
-		bpf_map_update_elem(&flows_new, k, &n, BPF_ANY);
-		bpf_map_delete_elem(&syns, k);
 		count(w->slot, CNT_PROBE_FAILED);
-		count(w->slot, CNT_FLOWS_BYPASS_FAILOPEN);
-		return forward(skb, p, w->slot);
+		return answered_end_to_end(skb, p, w, k, r, VERDICT_BYPASS_FAILOPEN);
 	}
 	r->state = SYN_ACCEPTED;
 	count(w->slot, CNT_ORIGIN_ACCEPTED);
 	return accepted_here(skb, p, w, r);
 }
 
-/* With source_port = "kept", the honest handshake: whether p is the origin's
- * answer to a probe whose 4-tuple a socket of the proxy still holds (the
+/* With source_port = "kept", the honest handshake: the record of the probe
+ * that p answers if a socket of the proxy still holds its 4-tuple (the
  * proxy's previous connection from the opener's port, being ended when
- * origin_side let the SYN probe). That socket would take it; it is dropped
- * instead (port_held), and the origin sends it again. A SYN-ACK only: one
- * lookup per connection. */
-static __always_inline int answer_too_early(struct __sk_buff *skb, const struct tcp_pkt *p, const struct where *w,
-					    const struct flow_key *k)
+ * origin_side let the SYN probe; its process still in close()); else NULL.
+ * The proxy could not connect from that port yet, and that socket would take
+ * the answer. The flow goes end to end instead (BYPASS_BUSY): dropped, the
+ * answer would come again only on the origin's 1 s timer. A SYN-ACK only:
+ * one lookup per connection. */
+static __always_inline const struct flow_syn *answer_too_early(struct __sk_buff *skb, const struct tcp_pkt *p,
+							       const struct where *w, const struct flow_key *k)
 {
 	struct flow_syn *r;
 	struct bpf_sock *sk;
 	int held;
 
 	if (!(w->flags & GRAPH_F_HONEST) || !(w->flags & GRAPH_F_KEEP_PORT) || !is_syn_ack(p))
-		return 0;
+		return NULL;
 	r = bpf_map_lookup_elem(&syns, k);
 	if (!r || r->opener == w->side || r->state == SYN_ACCEPTED || p->ack_seq != r->syn_seq + 1)
-		return 0;
+		return NULL;
 	sk = sock_for(skb, p, p->dport);
 	if (!sk)
-		return 0;
+		return NULL;
 	held = sk->state != BPF_TCP_LISTEN;
 	bpf_sk_release(sk);
-	return held;
+	return held ? r : NULL;
+}
+
+/* A RST that refuses the SYN of n (RFC 9293: it acknowledges the SYN). */
+static __always_inline int refuses(const struct tcp_pkt *p, const struct flow_new *n)
+{
+	return (p->flags & TCP_FLAG_RST) && (p->flags & TCP_FLAG_ACK) && p->ack_seq == n->syn_seq + 1;
 }
 
 /* Any segment but a first SYN. */
 static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const struct where *w,
 				 const struct flow_key *k)
 {
+	const struct flow_syn *early;
 	struct flow_est *e;
 	struct flow_new *n;
 	__u32 state = 0;
@@ -815,10 +844,9 @@ static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const
 
 	if (measuring(w))
 		measure(k, p, w);
-	if (answer_too_early(skb, p, w, k)) {
-		count(w->slot, CNT_PORT_HELD);
-		return TC_ACT_SHOT;
-	}
+	early = answer_too_early(skb, p, w, k);
+	if (early)
+		return answered_end_to_end(skb, p, w, k, early, VERDICT_BYPASS_BUSY);
 	if (w->flags & GRAPH_F_ASSIGN) {
 		own = to_own_socket(skb, p, w, &state);
 		if (!own) {
@@ -865,6 +893,14 @@ static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const
 		}
 		n->synack_seq = p->seq;
 		n->state = FLOW_SYNACK_SEEN;
+	} else if (w->side != n->opener && n->state == FLOW_SYN_SEEN && !refuses(p, n)) {
+		/* The other end has not answered the SYN yet, so this is not the
+		 * flow's: an earlier connection's on the 4-tuple (the origin's
+		 * ACK of the proxy's FIN on the port a client reused at once:
+		 * BYPASS_BUSY). Forwarded, the client would answer it with a RST
+		 * that ends the new flow's entry. */
+		count(w->slot, CNT_PKTS_OLD_CONNECTION);
+		return TC_ACT_SHOT;
 	} else if (p->flags & TCP_FLAG_RST) {
 		bpf_map_delete_elem(&flows_new, k);  /* refused or aborted: nothing to keep */
 	} else if (w->side == n->opener && (p->flags & TCP_FLAG_ACK) && n->state == FLOW_SYNACK_SEEN &&

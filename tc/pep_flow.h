@@ -49,10 +49,13 @@
  *        port), not closed yet, and its origin perhaps holding its end too.
  *        It is ended by a RST as from the origin, and, if the origin has not
  *        closed its end, by a RST to the origin first (at the socket's
- *        snd_nxt); then the SYN is decided again (port_freed). Still sending
- *        (data not yet sent to the origin), or still connecting, or still
- *        there on the SYN's second round: the SYN is dropped (port_held) and
- *        the client sends it again;
+ *        snd_nxt); then the SYN is decided again (port_freed). Still there on
+ *        the SYN's second round (its process was in close()): BYPASS_BUSY,
+ *        the flow goes end to end (with the honest handshake, the probe's
+ *        round trip gives the socket its time; still there when the
+ *        origin's answer comes, BYPASS_BUSY then). Still
+ *        sending (data not yet sent to the origin) or still connecting: the
+ *        SYN is dropped (port_held) and the client sends it again;
  *   4. no proxy socket listens for it (the graph's listen_port, or the SYN's
  *      own port when listen_port is 0): BYPASS_FAILOPEN. This is the fail-open:
  *      the moment HAProxy dies its listeners are gone, and new flows are
@@ -361,9 +364,11 @@ enum flow_counter {
 				     * that a new SYN from that port is proxied (sent round again) */
 	CNT_FIN_DEFERRED,           /* mode bpf: a subscriber's bare FIN dropped, before its proxy's
 				     * connection to the origin is up (the subscriber sends it again) */
-	CNT_PORT_HELD,              /* port kept: a client's SYN (or the origin's answer to its probe)
-				     * dropped, the proxy's previous connection from its port still at
-				     * work (data to send, connecting) or not yet ended */
+	CNT_PORT_HELD,              /* port kept: a client's SYN dropped, the proxy's previous connection
+				     * from its port still at work (data to send, connecting) */
+	CNT_PKTS_OLD_CONNECTION,    /* dropped: a segment from the end that has not answered a bypassed
+				     * flow's SYN yet, and not its answer: an earlier connection's on
+				     * the 4-tuple (the proxy's, on a port a client reused at once) */
 	CNT_MAX
 };
 

@@ -557,6 +557,20 @@ CASES = [
         Send("access", syn(40023, options=[IPOption_NOP()] * 4), TC_ACT_REDIRECT,
              fwd(syn(40023, options=[IPOption_NOP()] * 4)), NEW_BYPASS)],
         rules=C32, flows=[Flow(CLIENT, 40023, SERVER, 80, "flows_new")]),
+    Case("before-the-answer", "a bypassed flow whose SYN the origin has not answered yet: an earlier "
+         "connection's segment on its 4-tuple from the origin (a late ACK) is dropped, not forwarded (the client "
+         "would reset the new flow); the answer is forwarded, and so is a RST that refuses the SYN", [
+        Send("access", syn(40024), TC_ACT_REDIRECT, fwd(syn(40024)), NEW_BYPASS),
+        Send("origin", reply(80, 40024, flags="A", ack=777), TC_ACT_SHOT, counters=cnt(pkts_old_connection=1)),
+        Send("origin", reply(80, 40024, flags="R", ack=0, seq=777), TC_ACT_SHOT,
+             counters=cnt(pkts_old_connection=1)),
+        Check([Flow(CLIENT, 40024, SERVER, 80, "flows_new", state="syn_seen")]),
+        Send("origin", reply(80, 40024), TC_ACT_REDIRECT, fwd(reply(80, 40024)), BYPASSED),
+        Send("access", syn(40025), TC_ACT_REDIRECT, fwd(syn(40025)), NEW_BYPASS),
+        Send("origin", reply(80, 40025, flags="RA", seq=0), TC_ACT_REDIRECT, fwd(reply(80, 40025, flags="RA", seq=0)),
+             BYPASSED)],
+        rules=C32, flows=[Flow(CLIENT, 40024, SERVER, 80, "flows_new", state="synack_seen"),
+                          Flow(CLIENT, 40025, SERVER, 80, None)]),
     Case("rules-of-slot1", "slot 1's rules (clients, servers, port 80) never match slot 0's SYNs", [
         Send("access", syn(40046), TC_ACT_OK, counters=NEW_PROXY),
         Send("access1", syn1(40046), TC_ACT_REDIRECT, fwd(syn1(40046)), NEW_BYPASS)],
@@ -665,15 +679,17 @@ CASES = [
              lambda dp: Ether(src=C_IN_MAC[1], dst=HOST_MAC[CLIENT]) / IP(src=TW_SERVER, dst=TW_CLIENT)
              / TCP(sport=7104, dport=40153, flags="R", seq=dp.seen["rcv_nxt"], window=0),
              cnt(port_freed=1), mark=fm.LOCAL_MARK),
-        # Back from its round, the socket still there: no second round; dropped until the client sends
-        # the SYN again.
-        Send("access1", tw_syn(40153, 7104, 1000), TC_ACT_SHOT, counters=cnt(port_held=1),
+        # Back from its round, the socket still there (its process in close()): no second round; the
+        # flow goes end to end (here to an address of this namespace: the stack's), not dropped.
+        Send("access1", tw_syn(40153, 7104, 1000), TC_ACT_OK, counters=cnt(flows_bypass_busy=1),
              mark_in=fm.PORT_RETRY_MARK)],
-        flows=[Flow(TW_CLIENT, 40153, TW_SERVER, 7104, None)]),
+        flows=[Flow(TW_CLIENT, 40153, TW_SERVER, 7104, "flows_new", "bypass_busy", graph=1)]),
     Case("keep-port-origin-open", "KEEP_PORT (slot 1): the proxy's previous connection from the client's port "
          "still open at the origin (ESTABLISHED here; CLOSE_WAIT, FIN_WAIT1, FIN_WAIT2 alike): a RST to the "
          "origin at the socket's snd_nxt goes out s_in first, then the SYN becomes the RST as from the origin "
-         "(seq = its rcv_nxt), marked for local delivery, and goes round again", [
+         "(seq = its rcv_nxt), marked for local delivery, and goes round again. Back with that socket still "
+         "there (its process in close()), the flow goes end to end (bypass_busy); the origin's late ACK of the "
+         "old connection goes to that socket, and its SYN-ACK to the new flow's client", [
         graph_flags(1, G1["flags"] | fm.GRAPH_F_KEEP_PORT, LPORT1),
         Do("the proxy's connection CLIENT1:40155 -> SERVER1:80, snd_nxt 70000, rcv_nxt 90000 (repair mode)",
            lambda dp: dp.owned.append(dp.run_in_ns(_repaired, 40155, 70000, 90000))),
@@ -685,19 +701,28 @@ CASES = [
         Do("the origin got a RST at 70000 from CLIENT1:40155", lambda dp: dp.expect_seen(
             Ether(src=S_IN_MAC[1], dst=HOST_MAC[SERVER1]) / IP(src=CLIENT1, dst=SERVER1)
             / TCP(sport=40155, dport=80, flags="R", seq=70000, window=0))),
-        Send("access1", syn1(40155), TC_ACT_SHOT, counters=cnt(port_held=1), mark_in=fm.PORT_RETRY_MARK)],
-        flows=[Flow(CLIENT1, 40155, SERVER1, 80, None)]),
+        Send("access1", syn1(40155), TC_ACT_REDIRECT, fwd(syn1(40155)), cnt(flows_bypass_busy=1, pkts_bypassed=1),
+             mark_in=fm.PORT_RETRY_MARK),
+        Send("origin1", reply1(80, 40155, flags="A", ack=70001), TC_ACT_OK, counters=cnt(pkts_assigned=1),
+             mark=fm.LOCAL_MARK),
+        Send("origin1", reply1(80, 40155), TC_ACT_REDIRECT, fwd(reply1(80, 40155)), BYPASSED)],
+        flows=[Flow(CLIENT1, 40155, SERVER1, 80, "flows_new", "bypass_busy", state="synack_seen", graph=1)]),
     Case("keep-port-ending-honest", "KEEP_PORT and HONEST (slot 1): the SYN back from its round finds the "
          "proxy's previous connection from the client's port still there (HAProxy in close() held its lock: "
-         "the RST waits in its backlog): probed all the same; the origin's answer is dropped while that "
-         "socket is there (port_held), and taken once it is gone", [
+         "the RST waits in its backlog): probed all the same; that socket still there when the origin "
+         "answers, the flow goes end to end (bypass_busy), its answers passed on; once it is gone, another "
+         "flow's answer is taken", [
         graph_flags(1, G1["flags"] | fm.GRAPH_F_KEEP_PORT | fm.GRAPH_F_HONEST, LPORT1),
         Do("the proxy's connection CLIENT1:40158 -> SERVER1:80 (repair mode)",
            lambda dp: dp.owned.append(dp.run_in_ns(_repaired, 40158, 70000, 90000))),
         Send("access1", syn1(40158), TC_ACT_REDIRECT, fwd(syn1(40158)), PROBED, mark_in=fm.PORT_RETRY_MARK),
-        Send("origin1", reply1(80, 40158), TC_ACT_SHOT, counters=cnt(port_held=1)),
+        Send("origin1", reply1(80, 40158), TC_ACT_REDIRECT, fwd(reply1(80, 40158)),
+             cnt(flows_bypass_busy=1, pkts_bypassed=1)),
+        Send("origin1", reply1(80, 40158), TC_ACT_REDIRECT, fwd(reply1(80, 40158)), BYPASSED),
         Do("that connection closed", lambda dp: dp.owned.pop().close()),
-        Send("origin1", reply1(80, 40158), TC_ACT_REDIRECT, syn1(40158), ACCEPTED)]),
+        Send("access1", syn1(40159), TC_ACT_REDIRECT, fwd(syn1(40159)), PROBED),
+        Send("origin1", reply1(80, 40159), TC_ACT_REDIRECT, syn1(40159), ACCEPTED)],
+        flows=[Flow(CLIENT1, 40158, SERVER1, 80, "flows_new", "bypass_busy", state="synack_seen", graph=1)]),
     Case("keep-port-still-sending", "KEEP_PORT (slot 1): the proxy's previous connection from the client's "
          "port still has data to send to the origin (write_seq past snd_nxt: a zero window): the SYN is "
          "dropped (port_held), the connection left to finish", [
