@@ -70,6 +70,7 @@ COUNTERS = (
     "fin_deferred",
     "port_held",
     "pkts_old_connection",
+    "flows_no_timer",
 )
 
 GRAPHS_MAX = 2048                                # PEP_GRAPHS_MAX

@@ -51,7 +51,8 @@ CATALOGUE = {m.name: m for m in (
     Metric("pep_datapath_packets_total", "counter", ("graph", "reason"),
            "packets the flow datapath forwarded, handed to a socket, dropped or passed, by reason"),
     Metric("pep_flow_table_events_total", "counter", ("graph", "event"),
-           "flow table events: promoted, stale, table_full, expired, closed, assign_failed, record_dropped; "
+           "flow table events: promoted, stale, table_full, no_timer (a promotion put off: no memory for "
+           "its timer that moment), expired, closed, assign_failed, record_dropped; "
            "tw_reset (a TIME_WAIT socket of the proxy ended for a new SYN), tw_old_syn (a SYN left to one), "
            "reset_to_subscriber (the proxy's FIN sent as a RST: the origin had reset); the honest handshake's "
            "syn_probed, origin_accepted, origin_refused, probe_failed; port_freed (the proxy's previous "

@@ -97,7 +97,10 @@
  *              a blind spoofer cannot). Entries leave by their own timer:
  *              FLOW_IDLE_NS after the last packet, FLOW_LINGER_NS after a
  *              RST or the second FIN. When it is full, a flow stays in
- *              flows_new (flows_table_full counts the pressure).
+ *              flows_new (flows_table_full counts the pressure); so it does
+ *              while the kernel has no memory for its timer (flows_no_timer:
+ *              frequent on 6.18, tried again on each ACK), and a SYN flood
+ *              churning flows_new may then evict it.
  *
  * Non-TCP, IPv4 fragments and IPv6 with extension headers go to the stack.
  */
@@ -341,7 +344,7 @@ enum flow_counter {
 	CNT_FLOWS_STALE,            /* entries forgotten: a SYN-ACK answered another SYN on the 4-tuple
 				     * (e.g. HAProxy reusing a bypassed flow's port toward the origin) */
 	CNT_FLOWS_PROMOTED,         /* bypassed flows moved to `flows` (handshake complete) */
-	CNT_FLOWS_TABLE_FULL,       /* promotions refused: `flows` full (pressure) */
+	CNT_FLOWS_TABLE_FULL,       /* promotions refused: `flows` full, or no memory for an entry */
 	CNT_FLOWS_EXPIRED,          /* `flows` entries removed idle for FLOW_IDLE_NS */
 	CNT_FLOWS_CLOSED,           /* `flows` entries removed FLOW_LINGER_NS after RST / both FINs */
 	CNT_FLOWS_BYPASS_CONTROL,   /* first SYNs decided BYPASS_CONTROL (the control group) */
@@ -369,6 +372,9 @@ enum flow_counter {
 	CNT_PKTS_OLD_CONNECTION,    /* dropped: a segment from the end that has not answered a bypassed
 				     * flow's SYN yet, and not its answer: an earlier connection's on
 				     * the 4-tuple (the proxy's, on a port a client reused at once) */
+	CNT_FLOWS_NO_TIMER,         /* promotions put off: no memory for the entry's timer at that moment
+				     * (bpf_timer_init); the flow stays in flows_new, tried again on its
+				     * next ACK */
 	CNT_MAX
 };
 
