@@ -81,7 +81,7 @@ PORT_RETRY_MARK = 3                              # PEP_PORT_RETRY_MARK
 SIDE_ACCESS, SIDE_ORIGIN = 1, 2                  # enum flow_side
 VERDICTS = {1: "proxy", 2: "bypass_rule", 3: "bypass_failopen", 4: "bypass_control",   # enum flow_verdict
             5: "bypass_mptcp", 6: "bypass_busy", 7: "bypass_overload"}
-STATES = {1: "syn_seen", 2: "synack_seen"}       # enum flow_state
+STATES = {1: "syn_seen", 2: "synack_seen", 3: "proven"}   # enum flow_state
 GRAPH_F_ENABLED, GRAPH_F_ASSIGN, GRAPH_F_ALL_PORTS, GRAPH_F_ORIGIN_SYNS = 0x1, 0x2, 0x4, 0x8
 GRAPH_F_MEASURE, GRAPH_F_PROXY_MPTCP, GRAPH_F_KEEP_PORT, GRAPH_F_HONEST = 0x10, 0x20, 0x40, 0x80
 SYN_STATES = {1: "probing", 2: "accepted"}        # enum syn_state

@@ -906,6 +906,8 @@ static __always_inline int later(struct __sk_buff *skb, struct tcp_pkt *p, const
 	} else if (w->side == n->opener && (p->flags & TCP_FLAG_ACK) && n->state == FLOW_SYNACK_SEEN &&
 		   p->ack_seq == n->synack_seq + 1) {
 		promote(k, n, w->slot);
+	} else if (n->state == FLOW_PROVEN) {
+		promote(k, n, w->slot);   /* put off before */
 	}
 	return forward(skb, p, w->slot);
 }

@@ -91,8 +91,9 @@ static int flow_timer_fired(void *map, struct flow_key *k, struct flow_est *v)
 }
 
 /* Moves a flow whose handshake completed from flows_new to flows. When
- * flows refuses it, the flow stays in flows_new, still bypassed. */
-static __always_inline void promote(const struct flow_key *k, const struct flow_new *n, __u32 slot)
+ * flows refuses it, the flow stays in flows_new, still bypassed, as
+ * FLOW_PROVEN: its next segment tries again. */
+static __always_inline void promote(const struct flow_key *k, struct flow_new *n, __u32 slot)
 {
 	struct flow_est e = {
 		.verdict = n->verdict,
@@ -110,6 +111,7 @@ static __always_inline void promote(const struct flow_key *k, const struct flow_
 		return;
 	}
 	if (err) {
+		n->state = FLOW_PROVEN;
 		count(slot, CNT_FLOWS_TABLE_FULL);
 		return;
 	}
@@ -120,12 +122,13 @@ static __always_inline void promote(const struct flow_key *k, const struct flow_
 	    bpf_timer_set_callback(&v->timer, flow_timer_fired) ||
 	    bpf_timer_start(&v->timer, FLOW_IDLE_NS, 0)) {
 		/* No memory for the timer: an entry without one would never
-		 * leave. Undo; the flow stays in flows_new, and its next ACK
-		 * tries again. Not table_full: kernel 6.18 allocates the timer
-		 * without locks (kmalloc_nolock), and in softirq that fails
-		 * often with the table nearly empty (seen: 4 in 5 promotions
-		 * under a lab's churn of new flows). */
+		 * leave. Undo; the flow stays in flows_new, and its next
+		 * segment tries again. Not table_full: kernel 6.18 allocates
+		 * the timer without locks (kmalloc_nolock), and in softirq
+		 * that fails often with the table nearly empty (seen: 4 in 5
+		 * promotions under a lab's churn of new flows). */
 		bpf_map_delete_elem(&flows, k);
+		n->state = FLOW_PROVEN;
 		count(slot, CNT_FLOWS_NO_TIMER);
 		return;
 	}

@@ -99,8 +99,9 @@
  *              RST or the second FIN. When it is full, a flow stays in
  *              flows_new (flows_table_full counts the pressure); so it does
  *              while the kernel has no memory for its timer (flows_no_timer:
- *              frequent on 6.18, tried again on each ACK), and a SYN flood
- *              churning flows_new may then evict it.
+ *              frequent on 6.18). Its state is then FLOW_PROVEN, and each
+ *              of its segments tries again: a SYN flood churning flows_new
+ *              could evict only a flow that has been quiet since.
  *
  * Non-TCP, IPv4 fragments and IPv6 with extension headers go to the stack.
  */
@@ -203,6 +204,8 @@ enum flow_verdict {
 enum flow_state {
 	FLOW_SYN_SEEN = 1,     /* the opening SYN went through */
 	FLOW_SYNACK_SEEN = 2,  /* and the other end answered it */
+	FLOW_PROVEN = 3,       /* and the opener acknowledged the answer, but `flows` did not take
+				* the flow yet (table_full, no_timer): any segment tries again */
 };
 
 /* marks: LRU_HASH flow_key -> flow_marks. What a proxied flow's two ends put

@@ -394,6 +394,11 @@ def tw_syn(cport: int, sport: int, seq: int) -> Packet:
                                                              seq=seq & 0xFFFFFFFF), 1)
 
 
+def _put_flow_new(dp, flow: tuple, value: bytes) -> None:
+    with fm.open_map(dp.pins, "flows_new") as m:
+        m.update(fm.flow_key(*flow), value)
+
+
 def graph_flags(slot: int, flags: int, listen_port: int) -> Do:
     return Do(f"slot {slot}: flags {flags:#x}, listen_port {listen_port}",
               lambda dp: fm.set_flags(dp.pins, slot, flags, listen_port))
@@ -571,6 +576,14 @@ CASES = [
              BYPASSED)],
         rules=C32, flows=[Flow(CLIENT, 40024, SERVER, 80, "flows_new", state="synack_seen"),
                           Flow(CLIENT, 40025, SERVER, 80, None)]),
+    Case("promotion-put-off", "a flow whose promotion was put off (FLOW_PROVEN: flows full, or no memory for "
+         "its timer) is promoted by its next segment, from either end and whatever it acknowledges", [
+        Do("a proven flow in flows_new (verdict bypass_rule, opener the access side)", lambda dp: _put_flow_new(
+            dp, (CLIENT, 40027, SERVER, 80), fm.FLOW_NEW.pack(2, 1000, 5000, fm.SIDE_ACCESS, 3, 1))),
+        Check([Flow(CLIENT, 40027, SERVER, 80, "flows_new", state="proven")]),
+        Send("origin", reply(80, 40027, flags="PA", seq=9001, ack=1777), TC_ACT_REDIRECT,
+             fwd(reply(80, 40027, flags="PA", seq=9001, ack=1777)), PROMOTED)],
+        rules=C32, flows=[Flow(CLIENT, 40027, SERVER, 80, "flows", state="established")]),
     Case("rules-of-slot1", "slot 1's rules (clients, servers, port 80) never match slot 0's SYNs", [
         Send("access", syn(40046), TC_ACT_OK, counters=NEW_PROXY),
         Send("access1", syn1(40046), TC_ACT_REDIRECT, fwd(syn1(40046)), NEW_BYPASS)],
