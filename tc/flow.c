@@ -358,7 +358,11 @@ static __always_inline int origin_side(struct __sk_buff *skb, const struct tcp_p
 	if (!sk)
 		return PORT_FREE;
 	state = sk->state;
-	if (state == BPF_TCP_LISTEN) {
+	/* CLOSE: caught on its way out of the table (reset, or its last ACK
+	 * had). Nothing to end, but the proxy cannot connect from the port
+	 * until it has left (seen: once in 100 kill -9 tests whose load
+	 * reuses ports), so the flow goes end to end, as for a listener. */
+	if (state == BPF_TCP_LISTEN || state == BPF_TCP_CLOSE) {
 		bpf_sk_release(sk);
 		return PORT_BUSY;
 	}

@@ -42,8 +42,9 @@
  *   3c. GRAPH_F_KEEP_PORT (source_port = "kept"), and the proxy could not
  *      connect from the client's own port as things are:
  *      - a socket of the graph's namespace listens on that port (HAProxy's
- *        own listener: bind() would fail): BYPASS_BUSY, the flow goes end to
- *        end, as it would with no proxy;
+ *        own listener: bind() would fail), or holds the origin side's
+ *        4-tuple in state CLOSE (on its way out of the table): BYPASS_BUSY,
+ *        the flow goes end to end, as it would with no proxy;
  *      - a socket holds the origin side's 4-tuple: the proxy's previous
  *        connection from that port, which the client has left (it reuses the
  *        port), not closed yet, and its origin perhaps holding its end too.
