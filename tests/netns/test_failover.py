@@ -193,9 +193,9 @@ def timeline(conns: list[dict], since: float, until: float | None = None, limit:
 
 # -- the experiment -------------------------------------------------------------------------------
 def run_kill(lab, graph: Graph, src: str, kill) -> dict:
-    """Runs the load from src, calls kill() after LOAD_BEFORE seconds (it kills and returns T, the
-    monotonic time of HAProxy's kill -9, and HAProxy's pid), and returns what happened on one
-    time line."""
+    """Runs the load from src, calls kill() after LOAD_BEFORE seconds (it kills and returns T0 and
+    T, the monotonic time just before and just after HAProxy's kill -9, and HAProxy's pid), and
+    returns what happened on one time line."""
     c0 = counters(graph)
     # Two load generators, so that the burst of resets that the kill brings to the long connections
     # under way (about fifty) does not hold up the short ones' event loop.
@@ -212,7 +212,7 @@ def run_kill(lab, graph: Graph, src: str, kill) -> dict:
                 ready.append(json.loads(line)["ready"])
             time.sleep(max(0.0, max(ready) + LOAD_BEFORE - time.monotonic()))
             c_kill = counters(graph)
-            killed, victim = kill()
+            killing, killed, victim = kill()
             gone = wait_for(lambda: watch.listener_change(False, killed - 1), timeout=5,
                             what=f"HAProxy's listener on {graph.listen_port} to go after kill -9")
             back = wait_for(lambda: watch.listener_change(True, gone), timeout=10,
@@ -231,8 +231,8 @@ def run_kill(lab, graph: Graph, src: str, kill) -> dict:
                 load.wait()
     conns = sorted(results["short"] + results["long"], key=lambda c: c["start"])
     entries = [f for f in flow_maps.flows(graph.pins, graph=graph.slot) if f["subscriber"] == src]
-    return {"T": killed, "gone": gone, "back": back, "ready": ready, "c0": c0, "c_kill": c_kill, "c_back": c_back,
-            "c_end": counters(graph), "conns": conns, "entries": entries}
+    return {"T0": killing, "T": killed, "gone": gone, "back": back, "ready": ready, "c0": c0, "c_kill": c_kill,
+            "c_back": c_back, "c_end": counters(graph), "conns": conns, "entries": entries}
 
 
 def check_failover(lab, graph: Graph, r: dict, src: str) -> dict:
@@ -310,9 +310,10 @@ def check_failover(lab, graph: Graph, r: dict, src: str) -> dict:
         f"pep flow counters after the listener came back: expected flows_bypass_failopen 0, port_held 0 and " \
         f"flows_proxied >= {n_after} (the connections started since), got {after_back}"
     seen = sorted(e["first_seen_ns"] / 1e9 for e in failopen.values() if e["first_seen_ns"] / 1e9 >= r["c0_t"])
-    outside = [round(t - T, 4) for t in seen if not T <= t <= back]
+    outside = [round(t - T, 4) for t in seen if not r["T0"] <= t <= back]
     assert seen and not outside, \
-        f"pep flow tables: fail-open flows of {src} must have first_seen in [T, T + {back - T:.4f} s] (kill to " \
+        f"pep flow tables: fail-open flows of {src} must have first_seen in [T - {(T - r['T0']) * 1000:.3f} ms, " \
+        f"T + {back - T:.4f} s] (kill to " \
         f"listener back); got {len(seen)} entries, outside the window (s from T): {outside[:20]}"
     return {"gone_ms": round((r["gone"] - T) * 1000, 1), "listener_back_ms": round((back - T) * 1000, 1),
             "ready_ms": round((r["ready"] - T) * 1000, 1),
@@ -357,14 +358,16 @@ def test_kill_under_load_fails_open_at_once_and_loses_no_flow(lab, graph, which)
     victim = haproxy_pid(lab, graph)
     restarts0 = pep_status(lab)["proxy"]["restarts"]
 
-    def kill() -> tuple[float, int]:
+    def kill() -> tuple[float, float, int]:
         if which == "supervisor and haproxy":
             os.kill(sup, signal.SIGKILL)   # then HAProxy at once: no supervisor sees it die
+        # The clock read on both sides of the kill: this process may be preempted between a read and
+        # the kill, either way. Read before only, a connection started 0.7 ms after it was answered by
+        # HAProxy and then cut; read after only, flows failed open 0.8 ms before it. T, after, is the
+        # kill for every check but the fail-open window's start, which is T0, before.
+        before = time.monotonic()
         os.kill(victim, signal.SIGKILL)
-        # Read after the kill, not before: beside a busy loop a connection started 0.7 ms after a T
-        # read first was answered by HAProxy and then cut, as if this process had been preempted
-        # between the read and the kill. Every check holds as well from this later T.
-        return time.monotonic(), victim
+        return before, time.monotonic(), victim
 
     c0_t = time.monotonic()
     r = run_kill(lab, graph, src, kill)
