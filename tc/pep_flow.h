@@ -54,9 +54,9 @@
  *        the SYN's second round (its process was in close()): BYPASS_BUSY,
  *        the flow goes end to end (with the honest handshake, the probe's
  *        round trip gives the socket its time; still there when the
- *        origin's answer comes, BYPASS_BUSY then). Still
- *        sending (data not yet sent to the origin) or still connecting: the
- *        SYN is dropped (port_held) and the client sends it again;
+ *        origin's answer comes, BYPASS_BUSY then). Still sending (data not
+ *        yet sent to the origin) or still connecting: the SYN is dropped
+ *        (port_held) and the client sends it again;
  *   4. no proxy socket listens for it (the graph's listen_port, or the SYN's
  *      own port when listen_port is 0): BYPASS_FAILOPEN. This is the fail-open:
  *      the moment HAProxy dies its listeners are gone, and new flows are
@@ -101,8 +101,10 @@
  *              flows_new (flows_table_full counts the pressure); so it does
  *              while the kernel has no memory for its timer (flows_no_timer:
  *              frequent on 6.18). Its state is then FLOW_PROVEN, and each
- *              of its segments tries again: a SYN flood churning flows_new
- *              could evict only a flow that has been quiet since.
+ *              of its segments tries again; meanwhile a SYN flood churning
+ *              flows_new may evict it, the quietest flows first (LRU). Its
+ *              FINs are not counted there: promoted late, an entry whose
+ *              FIN passed before leaves idle (FLOW_IDLE_NS), not closed.
  *
  * Non-TCP, IPv4 fragments and IPv6 with extension headers go to the stack.
  */
@@ -377,8 +379,8 @@ enum flow_counter {
 				     * flow's SYN yet, and not its answer: an earlier connection's on
 				     * the 4-tuple (the proxy's, on a port a client reused at once) */
 	CNT_FLOWS_NO_TIMER,         /* promotions put off: no memory for the entry's timer at that moment
-				     * (bpf_timer_init); the flow stays in flows_new, tried again on its
-				     * next ACK */
+				     * (bpf_timer_init); the flow stays in flows_new (FLOW_PROVEN), tried
+				     * again on its next segment */
 	CNT_MAX
 };
 
