@@ -101,6 +101,10 @@ CANDIDATES: dict[str, tuple[str, Callable[[str], str]]] = {
                   lambda cfg: without("option splice-response")(without("option splice-request")(cfg))),
     "maxaccept-4": ("`tune.maxaccept 4`: fewer accepts per wake-up (default 64)",
                     in_global("tune.maxaccept 4")),
+    # nginx's workers float; HAProxy's threads are pinned (haproxy/render.py), so a connection the
+    # kernel hands to a thread on an idle CPU waits for that CPU to wake.
+    "no-cpu-map": ("no `cpu-map`: the threads float over the CPUs, as nginx's workers do",
+                   lambda cfg: re.sub(r"(?m)^    cpu-map .*\n", "", cfg)),
     # perf put epoll_ctl at about 7% of HAProxy's samples; nginx registers a socket once, edge-triggered.
     "edge-triggered": ("`tune.fd.edge-triggered on` (experimental in 2.6): fewer epoll_ctl calls",
                        in_global("expose-experimental-directives\n    tune.fd.edge-triggered on")),
