@@ -67,7 +67,8 @@ TABLE_EVENTS = {"flows_promoted": "promoted", "flows_stale": "stale", "flows_tab
                 "tw_reset": "tw_reset", "tw_old_syn": "tw_old_syn", "resets_to_sub": "reset_to_subscriber",
                 "syns_probed": "syn_probed", "origin_accepted": "origin_accepted", "origin_refused": "origin_refused",
                 "probe_failed": "probe_failed", "port_freed": "port_freed",
-                "fin_deferred": "fin_deferred", "port_held": "port_held", "flows_no_timer": "no_timer"}
+                "fin_deferred": "fin_deferred", "port_held": "port_held", "flows_no_timer": "no_timer",
+                "pkts_unowned": "unowned"}
 assert set(FLOW_VERDICTS) | set(PACKET_REASONS) | set(TABLE_EVENTS) == set(flow_maps.COUNTERS), \
     "every counter of tc/pep_flow.h has its metric"
 # struct radio_graph_stats counters -> metric (outage_us, the sums and the buckets make the rest).

@@ -71,6 +71,7 @@ COUNTERS = (
     "port_held",
     "pkts_old_connection",
     "flows_no_timer",
+    "pkts_unowned",
 )
 
 GRAPHS_MAX = 2048                                # PEP_GRAPHS_MAX

@@ -87,7 +87,12 @@
  * tables (a bypassed flow's packets); then an ACK that carries a valid SYN
  * cookie of the listener goes to the listener (the handshake of a flow
  * answered by a cookie under a SYN flood). Everything else goes to the
- * stack untouched.
+ * stack untouched, but for one kind in modes nft and route: a subscriber's
+ * segment to an intercepted port that no socket here owns and that carries
+ * no valid SYN cookie. The stack's interception would hand it to the
+ * listener, which would reset it; it is a bypassed flow's whose entry was
+ * lost, or a late one of a connection the proxy has ended, and is forwarded
+ * end to end (pkts_unowned). Mode bpf's stack routes such a segment on.
  *
  * The flow tables, so that no flood of new flows evicts a live bypassed one:
  *   flows_new  LRU: bypassed flows whose handshake is not complete. A SYN
@@ -102,7 +107,9 @@
  *              while the kernel has no memory for its timer (flows_no_timer:
  *              frequent on 6.18). Its state is then FLOW_PROVEN, and each
  *              of its segments tries again; meanwhile a SYN flood churning
- *              flows_new may evict it, the quietest flows first (LRU). Its
+ *              flows_new may evict it, the quietest flows first (LRU), and
+ *              its later segments then find no entry: forwarded all the same
+ *              as nobody's (above), the connection goes on. Its
  *              FINs are not counted there: promoted late, an entry whose
  *              FIN passed before leaves idle (FLOW_IDLE_NS), not closed.
  *
@@ -381,6 +388,11 @@ enum flow_counter {
 	CNT_FLOWS_NO_TIMER,         /* promotions put off: no memory for the entry's timer at that moment
 				     * (bpf_timer_init); the flow stays in flows_new (FLOW_PROVEN), tried
 				     * again on its next segment */
+	CNT_PKTS_UNOWNED,           /* modes nft and route: a subscriber's segment to an intercepted port of
+				     * no remembered flow that no socket here owns (and no SYN cookie of
+				     * the listener's): forwarded end to end, not reset by the listener.
+				     * A bypassed flow the tables lost, or a late segment of a connection
+				     * the proxy has ended. Forwarded, it counts in pkts_bypassed too */
 	CNT_MAX
 };
 

@@ -596,11 +596,27 @@ CASES = [
         flows=[Flow(CLIENT1, 40047, SERVER1, 80, "flows_new", "bypass_failopen", graph=1),
                Flow(CLIENT, 40047, SERVER, 80, "flows_new")]),
     # -- 4, 5. the listener: PROXY, or fail open
-    Case("proxy", "a listener on listen_port: PROXY, not remembered; its later segments are no_flow", [
+    Case("proxy", "a listener on listen_port: PROXY, not remembered; its later segments, which its socket "
+         "owns, are no_flow", [
         Send("access", syn(40001), TC_ACT_OK, counters=NEW_PROXY),
         Send("origin", reply(80, 40001), TC_ACT_OK, counters=NO_FLOW),
+        Do("the listener's socket of the flow", lambda dp: dp.own(SERVER, 80, CLIENT, 40001)),
         Send("access", ack(40001), TC_ACT_OK, counters=NO_FLOW)],
         flows=[Flow(CLIENT, 40001, SERVER, 80, None)]),
+    Case("unowned", "modes nft and route (slot 0): a subscriber's segment of no flow and no socket to an "
+         "intercepted port is nobody's here (a bypassed flow the tables lost): forwarded, never to the "
+         "listener, which would reset it; not remembered. To a port not intercepted, or from the origin: "
+         "the stack's", [
+        Send("access", ack(40190), TC_ACT_REDIRECT, fwd(ack(40190)), cnt(pkts_unowned=1, pkts_bypassed=1)),
+        Send("access", ack(40190, flags="PA") / b"more", TC_ACT_REDIRECT, fwd(ack(40190, flags="PA") / b"more"),
+             cnt(pkts_unowned=1, pkts_bypassed=1)),
+        Send("access", ack(40190, flags="FA"), TC_ACT_REDIRECT, fwd(ack(40190, flags="FA")),
+             cnt(pkts_unowned=1, pkts_bypassed=1)),
+        Send("access", ack(40191, src=CLIENT6, dst=SERVER6, flags="R", ack=0), TC_ACT_REDIRECT,
+             fwd(ack(40191, src=CLIENT6, dst=SERVER6, flags="R", ack=0)), cnt(pkts_unowned=1, pkts_bypassed=1)),
+        Send("access", ack(40190, dport=9999), TC_ACT_OK, counters=NO_FLOW),
+        Send("origin", reply(80, 40190, flags="A"), TC_ACT_OK, counters=NO_FLOW)],
+        flows=[Flow(CLIENT, 40190, SERVER, 80, None), Flow(CLIENT6, 40191, SERVER6, 80, None)]),
     Case("proxy-v6", "the dual-stack listener takes IPv6 SYNs too", [
         Send("access", syn(40002, src=CLIENT6, dst=SERVER6), TC_ACT_OK, counters=NEW_PROXY)],
         flows=[Flow(CLIENT6, 40002, SERVER6, 80, None)]),
@@ -1743,6 +1759,20 @@ def test_syncookie_live(flowdp):
         fm.set_flags(flowdp.pins, 1, G1["flags"], LPORT1)
         moved = _moved(before, flowdp.counters())
         assert moved == {"slot1.pkts_no_flow": 1}, f"valid cookie, port 80 not intercepted: counters {moved}"
+        # As in modes nft and route (no ASSIGN): the stack's interception hands what it is given to the
+        # listener. The valid cookie goes there (no_flow); the forged one, which the listener would
+        # reset, is nobody's here and goes end to end (unowned).
+        fm.set_flags(flowdp.pins, 1, G1["flags"] & ~fm.GRAPH_F_ASSIGN, LPORT1)
+        try:
+            for acked, want in ((forged, (TC_ACT_REDIRECT, {"slot1.pkts_unowned": 1, "slot1.pkts_bypassed": 1})),
+                                (cookie + 1, (TC_ACT_OK, {"slot1.pkts_no_flow": 1}))):
+                before = flowdp.counters()
+                res = flowdp.run("access1", bytes(ack1(sport, seq=1001, ack=acked)))
+                got = (res.retval, _moved(before, flowdp.counters()))
+                assert got == want, f"slot 1 without ASSIGN: test run of the ACK acking {acked} (cookie {cookie}): " \
+                                    f"expected verdict and counters {want}, got {got}"
+        finally:
+            fm.set_flags(flowdp.pins, 1, G1["flags"], LPORT1)
 
         listener = flowdp.listeners[LPORT1]
         before = flowdp.counters()

@@ -10,11 +10,11 @@ Two floods, by the rule in force: "bypassed" (`bypass add client 198.18.0.0/24`:
 is a new bypassed flow and churns flows_new, the LRU) and "proxied" (`bypass add client
 198.18.0.10/32`: the spoofed SYNs go to HAProxy's listener, as in the flood that evicted idle
 bypassed flows before issue 11, when proxied flows had entries too). Each on the default lab
-(interception `bpf`) and on one with `--interception nft --ports 80`. nft is where a lost entry is
-fatal once no rule names the flow: the connection's next segment finds no entry, goes to the
-stack, and nft's tproxy hands it to HAProxy's listener, which resets it
-(test_a_lost_entry_breaks_nft_but_not_bpf shows it; while the rule is in force the datapath still
-forwards it). The flood test reads the entry itself, so it can fail either way.
+(interception `bpf`) and on one with `--interception nft --ports 80`. A lost entry no longer costs
+the connection in either mode (test_a_lost_entry_costs_no_connection): in mode bpf the stack routes
+a segment no socket owns; in mode nft, where tproxy would hand it to HAProxy's listener and the
+listener would reset it, the datapath forwards it itself (tc/flow.c unowned). The flood test reads
+the entry itself, so it still tells a kept entry from a lost one.
 
 How right is told from wrong: the idle connection's entry is read from the flow tables before and
 after the flood (table, verdict, ISN, first_seen: the same entry, still in `flows`); the flood's
@@ -209,29 +209,37 @@ def test_idle_bypassed_connection_outlives_a_million_new_flows(lab, pins, bypass
                              f"got {second}"
 
 
-def test_a_lost_entry_breaks_nft_but_not_bpf(lab, pins, bypass_rule):
-    """The control, which shows what the flood test guards. With its entry gone (as an eviction
-    would do) but its rule still in force, the idle bypassed connection's next request is forwarded
-    all the same (a segment of no flow that a rule names and no socket owns: tc/flow.c no_flow),
-    in both modes. With the rule gone too, in mode nft it meets tproxy and HAProxy, and fails; in
-    mode bpf it finds no socket of HAProxy's and is routed on by the stack, and answers (the
-    flood test reads the entry itself, so it can fail either way)."""
+def test_a_lost_entry_costs_no_connection(lab, pins, bypass_rule):
+    """With its entry gone (as an eviction would do) but its rule still in force, the idle bypassed
+    connection's next request is forwarded all the same (a segment of no flow that a rule names and
+    no socket owns: tc/flow.c no_flow), in both modes. With the rule gone too: in mode bpf it finds no
+    socket of HAProxy's and the stack routes it on (pkts_no_flow); in mode nft, where tproxy would
+    hand it to HAProxy's listener, which would reset it, the datapath forwards it as nobody's here
+    (pkts_unowned). The counters tell the two ways apart, so the test fails if either is lost."""
     idle, e = open_idle(lab, pins)
     try:
         assert flow_maps.del_keys(pins, "flows", [flow_maps.flow_key(CLIENT4, e["sub_port"], ORIGIN4, 80)]) == 1
         ruled = idle.ask()
         lab.pepctl("bypass", "del", "client", bypass_rule)
         try:
+            c0 = flow_maps.read_counters(pins, 0)
             second = idle.ask()
+            moved = grew(c0, flow_maps.read_counters(pins, 0))
         finally:
             lab.pepctl("bypass", "add", "client", bypass_rule)
     finally:
         idle.close()
     assert answered(ruled), f"client {CLIENT4}: with its entry lost and its rule in force, the idle connection " \
                             f"must still be forwarded and answer ({lab.interception}); got {ruled}"
+    assert answered(second), f"client {CLIENT4}: with its entry and its rule gone, the idle connection must still " \
+                             f"answer ({lab.interception}); got {second}"
+    # The client's segments of the request (the request itself, the ACK of the answer) took the way of
+    # their mode: forwarded by the datapath as nobody's (nft), or passed to the stack, which routes them
+    # (bpf: nothing is unowned there). The origin's answer is passed to the stack in both.
     if lab.interception == "nft":
-        assert not answered(second), f"client {CLIENT4}: the idle connection answered with its entry and its rule " \
-                                     f"gone ({second}): losing it would not break it, and the flood test proves nothing"
+        assert moved.get("pkts_unowned", 0) >= 2, \
+            f"pep flow counters (nft): the lost connection's request: expected pkts_unowned +2 or more, got {moved}"
     else:
-        assert answered(second), f"client {CLIENT4}: in mode bpf a bypassed connection without its entry must be " \
-                                 f"routed on by the stack and answer; got {second}"
+        assert moved.get("pkts_unowned", 0) == 0 and moved.get("pkts_no_flow", 0) >= 2, \
+            f"pep flow counters (bpf): the lost connection's request: expected pkts_no_flow +2 or more and " \
+            f"pkts_unowned +0, got {moved}"
