@@ -59,8 +59,8 @@ CATALOGUE = {m.name: m for m in (
            "connection from a client's port ended for a new flow from it), port_held (a new flow's SYN dropped "
            "while that connection still sends or connects), fin_deferred (a client's FIN "
            "dropped until the proxy's connection to the origin is up); unowned (modes nft and route: a "
-           "subscriber's segment of no remembered flow and no socket, forwarded end to end, not reset by "
-           "the listener: a bypassed flow the tables lost)"),
+           "segment of no remembered flow and no socket, forwarded end to end, not delivered locally by the "
+           "interception: a bypassed flow the tables lost)"),
     Metric("pep_failopen", "gauge", G, "1 while the graph's new flows fail open: no proxy listener"),
     Metric("pep_failopen_switches_total", "counter", G,
            "switches between proxy and fail-open the exporter saw (it looks at HAProxy every second, "

@@ -36,9 +36,10 @@
  * listener (flow_sock.h). A segment of no remembered flow that a bypass
  * rule names, on an intercepted port, and that no socket here owns is
  * another host's (a draining host's shares): forwarded too, as a bypassed
- * one (pkts_bypassed). So is, in modes nft and route, a subscriber's segment
- * to an intercepted port that no socket owns (pkts_unowned: the listener
- * would reset it). Everything else goes to the stack untouched.
+ * one (pkts_bypassed). So is, in modes nft and route, a segment to or from
+ * an intercepted service port that no socket owns (pkts_unowned: the
+ * interception would deliver it locally). Everything else goes to the stack
+ * untouched.
  * While a graph's experiment is on, flow_measure.h measures the access
  * side's flows of both groups. The contract, counters included, is pep_flow.h.
  */
@@ -648,22 +649,24 @@ static __always_inline int owned(struct __sk_buff *skb, const struct tcp_pkt *p)
 	return mine;
 }
 
-/* Modes nft and route: whether a subscriber's segment of no remembered flow,
- * to a port the stack's interception takes, is nobody's here: no socket owns
- * its 4-tuple, and it is no ACK with a valid SYN cookie of the listener's.
- * Left to the stack, the interception would hand it to the listener, which
- * would reset it. It is a bypassed flow's whose entry the tables lost
- * (flows_new is an LRU a flood of new flows churns, and on this kernel
- * promotions to flows are often put off: flows_no_timer), or a late segment
- * of a connection the proxy has ended: either way not the proxy's, and
- * forwarded end to end, as with no PEP (mode bpf routes it on: no
- * interception there takes what no socket owns). */
+/* Modes nft and route: whether a segment of no remembered flow, to or from a
+ * service port the stack's interception takes, is nobody's here: no socket
+ * owns its 4-tuple, and it is no ACK with a valid SYN cookie of the
+ * listener's. Left to the stack, the interception would deliver it locally:
+ * a subscriber's segment to the listener, which would reset it; in route
+ * mode the origin's too (its rules take them by their source port), to no
+ * socket at all. Such a segment is a bypassed flow's whose entry the tables
+ * lost (flows_new is an LRU a flood of new flows churns, and on this kernel
+ * promotions to flows are often put off: flows_no_timer), or a late one of a
+ * connection the proxy has ended: either way not the proxy's, and forwarded
+ * end to end, as with no PEP. (Mode bpf's stack routes it on: nothing there
+ * intercepts what no socket owns.) */
 static __always_inline int unowned(struct __sk_buff *skb, struct tcp_pkt *p, const struct where *w)
 {
 	struct bpf_sock *sk;
 	int cookie = 0;
 
-	if (w->side != SIDE_ACCESS || (p->flags & TCP_FLAG_SYN) || !service_port_intercepted(w, p) || owned(skb, p))
+	if ((p->flags & TCP_FLAG_SYN) || !service_port_intercepted(w, p) || owned(skb, p))
 		return 0;
 	if (is_bare_ack(p)) {
 		sk = sock_for(skb, p, listener_port(w->listen_port, p));

@@ -49,13 +49,18 @@ static __always_inline int decrement_ttl(struct __sk_buff *skb, const struct tcp
 }
 
 /* The FIB's answer for p as the stack would forward it from the interface it
- * came in on: next hop, egress interface and MACs in fib. */
+ * came in on, rules on its protocol and ports aside (below): next hop, egress
+ * interface and MACs in fib. */
 static __always_inline long route_of(struct __sk_buff *skb, const struct tcp_pkt *p, struct bpf_fib_lookup *fib)
 {
 	fib->ifindex = skb->ingress_ifindex;
-	fib->l4_protocol = IPPROTO_TCP;
-	fib->sport = p->sport;
-	fib->dport = p->dport;
+	/* No protocol and no ports: route mode's interception rules (iif c_in
+	 * ipproto tcp dport P, iif s_in ... sport P: lookup the local table)
+	 * would match them and answer "local", so a bypassed flow would be
+	 * delivered to HAProxy's listener after all, or reset when there is
+	 * none (fail-open). What the datapath forwards is routed as the main
+	 * table routes it. The namespace has no multipath route whose hash the
+	 * ports would feed. */
 	/* tot_len stays 0 on purpose. Given, the kernel compares it with the
 	 * route's MTU, and a GSO super-packet (up to 64 KB of a TCP stream from
 	 * a local or veth sender) would fail with FRAG_NEEDED. Left 0, it checks

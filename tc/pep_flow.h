@@ -87,12 +87,14 @@
  * tables (a bypassed flow's packets); then an ACK that carries a valid SYN
  * cookie of the listener goes to the listener (the handshake of a flow
  * answered by a cookie under a SYN flood). Everything else goes to the
- * stack untouched, but for one kind in modes nft and route: a subscriber's
- * segment to an intercepted port that no socket here owns and that carries
- * no valid SYN cookie. The stack's interception would hand it to the
- * listener, which would reset it; it is a bypassed flow's whose entry was
- * lost, or a late one of a connection the proxy has ended, and is forwarded
- * end to end (pkts_unowned). Mode bpf's stack routes such a segment on.
+ * stack untouched, but for one kind in modes nft and route: a segment to or
+ * from an intercepted service port that no socket here owns and that
+ * carries no valid SYN cookie. The stack's interception would deliver it
+ * locally (to the listener, which would reset it; route mode's rules take
+ * the origin's answers too, to no socket); it is a bypassed flow's whose
+ * entry was lost, or a late one of a connection the proxy has ended, and is
+ * forwarded end to end (pkts_unowned). Mode bpf's stack routes such a
+ * segment on.
  *
  * The flow tables, so that no flood of new flows evicts a live bypassed one:
  *   flows_new  LRU: bypassed flows whose handshake is not complete. A SYN
@@ -388,9 +390,9 @@ enum flow_counter {
 	CNT_FLOWS_NO_TIMER,         /* promotions put off: no memory for the entry's timer at that moment
 				     * (bpf_timer_init); the flow stays in flows_new (FLOW_PROVEN), tried
 				     * again on its next segment */
-	CNT_PKTS_UNOWNED,           /* modes nft and route: a subscriber's segment to an intercepted port of
-				     * no remembered flow that no socket here owns (and no SYN cookie of
-				     * the listener's): forwarded end to end, not reset by the listener.
+	CNT_PKTS_UNOWNED,           /* modes nft and route: a segment to or from an intercepted service port,
+				     * of no remembered flow, that no socket here owns (and no SYN cookie of
+				     * the listener's): forwarded end to end, not delivered locally.
 				     * A bypassed flow the tables lost, or a late segment of a connection
 				     * the proxy has ended. Forwarded, it counts in pkts_bypassed too */
 	CNT_MAX

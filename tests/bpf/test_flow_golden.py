@@ -140,6 +140,10 @@ NETNS_SETUP = [
     # How a packet handed to a socket (PEP_LOCAL_MARK) is delivered: test_syncookie_live.
     ["rule", "add", "fwmark", str(fm.LOCAL_MARK), "lookup", "100"],
     ["route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "100"],
+    # Route mode's interception of port 80 on slot 0 (pepctl/plan.py interception_lines): what the
+    # datapath forwards must be routed past it, as the main table routes it (tc/flow_fwd.h route_of).
+    ["rule", "add", "iif", "pflc0", "ipproto", "tcp", "dport", "80", "lookup", "100"],
+    ["rule", "add", "iif", "pfls0", "ipproto", "tcp", "sport", "80", "lookup", "100"],
 ]
 # The peers only ever carry test_syncookie_live's frames: no IPv6 chatter on them. Syncookies
 # always (2), so that a real SYN is answered by one.
@@ -603,10 +607,10 @@ CASES = [
         Do("the listener's socket of the flow", lambda dp: dp.own(SERVER, 80, CLIENT, 40001)),
         Send("access", ack(40001), TC_ACT_OK, counters=NO_FLOW)],
         flows=[Flow(CLIENT, 40001, SERVER, 80, None)]),
-    Case("unowned", "modes nft and route (slot 0): a subscriber's segment of no flow and no socket to an "
+    Case("unowned", "modes nft and route (slot 0): a segment of no flow and no socket to or from an "
          "intercepted port is nobody's here (a bypassed flow the tables lost): forwarded, never to the "
-         "listener, which would reset it; not remembered. To a port not intercepted, or from the origin: "
-         "the stack's", [
+         "listener, which would reset it, nor to no socket (route mode takes the origin's by their source "
+         "port); not remembered. To a port not intercepted: the stack's", [
         Send("access", ack(40190), TC_ACT_REDIRECT, fwd(ack(40190)), cnt(pkts_unowned=1, pkts_bypassed=1)),
         Send("access", ack(40190, flags="PA") / b"more", TC_ACT_REDIRECT, fwd(ack(40190, flags="PA") / b"more"),
              cnt(pkts_unowned=1, pkts_bypassed=1)),
@@ -614,8 +618,10 @@ CASES = [
              cnt(pkts_unowned=1, pkts_bypassed=1)),
         Send("access", ack(40191, src=CLIENT6, dst=SERVER6, flags="R", ack=0), TC_ACT_REDIRECT,
              fwd(ack(40191, src=CLIENT6, dst=SERVER6, flags="R", ack=0)), cnt(pkts_unowned=1, pkts_bypassed=1)),
+        Send("origin", reply(80, 40190, flags="PA") / b"answer", TC_ACT_REDIRECT,
+             fwd(reply(80, 40190, flags="PA") / b"answer"), cnt(pkts_unowned=1, pkts_bypassed=1)),
         Send("access", ack(40190, dport=9999), TC_ACT_OK, counters=NO_FLOW),
-        Send("origin", reply(80, 40190, flags="A"), TC_ACT_OK, counters=NO_FLOW)],
+        Send("origin", reply(9999, 40190, flags="A"), TC_ACT_OK, counters=NO_FLOW)],
         flows=[Flow(CLIENT, 40190, SERVER, 80, None), Flow(CLIENT6, 40191, SERVER6, 80, None)]),
     Case("proxy-v6", "the dual-stack listener takes IPv6 SYNs too", [
         Send("access", syn(40002, src=CLIENT6, dst=SERVER6), TC_ACT_OK, counters=NEW_PROXY)],

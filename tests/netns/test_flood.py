@@ -10,11 +10,13 @@ Two floods, by the rule in force: "bypassed" (`bypass add client 198.18.0.0/24`:
 is a new bypassed flow and churns flows_new, the LRU) and "proxied" (`bypass add client
 198.18.0.10/32`: the spoofed SYNs go to HAProxy's listener, as in the flood that evicted idle
 bypassed flows before issue 11, when proxied flows had entries too). Each on the default lab
-(interception `bpf`) and on one with `--interception nft --ports 80`. A lost entry no longer costs
-the connection in either mode (test_a_lost_entry_costs_no_connection): in mode bpf the stack routes
-a segment no socket owns; in mode nft, where tproxy would hand it to HAProxy's listener and the
-listener would reset it, the datapath forwards it itself (tc/flow.c unowned). The flood test reads
-the entry itself, so it still tells a kept entry from a lost one.
+(interception `bpf`), on one with `--interception nft --ports 80` and on one with `--interception
+route --ports 80`. A lost entry no longer costs the connection in any mode
+(test_a_lost_entry_costs_no_connection): in mode bpf the stack routes a segment no socket owns; in
+modes nft and route, where the interception would deliver it locally (nft's tproxy to HAProxy's
+listener, which would reset it; route mode's rules the origin's answers too, to no socket), the
+datapath forwards it itself (tc/flow.c unowned). The flood test reads the entry itself, so it still
+tells a kept entry from a lost one.
 
 How right is told from wrong: the idle connection's entry is read from the flow tables before and
 after the flood (table, verdict, ISN, first_seen: the same entry, still in `flows`); the flood's
@@ -39,7 +41,8 @@ from pepctl import flow_maps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SYNFLOOD = os.path.join(HERE, "synflood.py")
-LAB_MODES = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"]}
+LAB_MODES = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"],
+             "route": ["--interception", "route", "--ports", "80"]}
 PEP_ACCESS = ACCESS_GW4
 FLOOD = 1_000_000
 # The lab's veths drop a few frames of a flood this fast (a CPU's backlog overflows: a handful per
@@ -212,10 +215,11 @@ def test_idle_bypassed_connection_outlives_a_million_new_flows(lab, pins, bypass
 def test_a_lost_entry_costs_no_connection(lab, pins, bypass_rule):
     """With its entry gone (as an eviction would do) but its rule still in force, the idle bypassed
     connection's next request is forwarded all the same (a segment of no flow that a rule names and
-    no socket owns: tc/flow.c no_flow), in both modes. With the rule gone too: in mode bpf it finds no
-    socket of HAProxy's and the stack routes it on (pkts_no_flow); in mode nft, where tproxy would
-    hand it to HAProxy's listener, which would reset it, the datapath forwards it as nobody's here
-    (pkts_unowned). The counters tell the two ways apart, so the test fails if either is lost."""
+    no socket owns: tc/flow.c no_flow), in every mode. With the rule gone too: in mode bpf it finds no
+    socket of HAProxy's and the stack routes it on (pkts_no_flow); in modes nft and route, where the
+    interception would deliver it locally (to HAProxy's listener, which would reset it), the datapath
+    forwards it as nobody's here (pkts_unowned). The counters tell the two ways apart, so the test
+    fails if either is lost."""
     idle, e = open_idle(lab, pins)
     try:
         assert flow_maps.del_keys(pins, "flows", [flow_maps.flow_key(CLIENT4, e["sub_port"], ORIGIN4, 80)]) == 1
@@ -234,11 +238,12 @@ def test_a_lost_entry_costs_no_connection(lab, pins, bypass_rule):
     assert answered(second), f"client {CLIENT4}: with its entry and its rule gone, the idle connection must still " \
                              f"answer ({lab.interception}); got {second}"
     # The client's segments of the request (the request itself, the ACK of the answer) took the way of
-    # their mode: forwarded by the datapath as nobody's (nft), or passed to the stack, which routes them
-    # (bpf: nothing is unowned there). The origin's answer is passed to the stack in both.
-    if lab.interception == "nft":
+    # their mode: forwarded by the datapath as nobody's (nft, route), or passed to the stack, which routes
+    # them (bpf: nothing is unowned there).
+    if lab.interception in ("nft", "route"):
         assert moved.get("pkts_unowned", 0) >= 2, \
-            f"pep flow counters (nft): the lost connection's request: expected pkts_unowned +2 or more, got {moved}"
+            f"pep flow counters ({lab.interception}): the lost connection's request: expected pkts_unowned +2 " \
+            f"or more, got {moved}"
     else:
         assert moved.get("pkts_unowned", 0) == 0 and moved.get("pkts_no_flow", 0) >= 2, \
             f"pep flow counters (bpf): the lost connection's request: expected pkts_no_flow +2 or more and " \
