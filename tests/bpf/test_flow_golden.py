@@ -1536,22 +1536,42 @@ def _check_flows(dp: FlowDatapath, flows: list[Flow], where: str) -> None:
             assert got["last_seen_ns"] >= got["first_seen_ns"], f"{where}: last_seen_ns not set in {got}"
 
 
+# Kernel 6.18 allocates a `flows` entry's timer with kmalloc_nolock, which may refuse (flows_no_timer:
+# the promotion is put off, tc/flow_table.h promote). Seen in CI on a fresh machine, twice in one run.
+# That is the kernel's memory, not the logic under test: a case it hit is played again, this often.
+TIMER_TRIES = 3
+
+
+def timer_refused(dp: FlowDatapath, before: dict[int, dict[str, int]]) -> bool:
+    return any(k.endswith(".flows_no_timer") for k in _moved(before, dp.counters()))
+
+
+def _play(flowdp, case: Case) -> None:
+    for slot, rules in case.rules.items():
+        fm.add_rules(flowdp.pins, slot, **rules)
+    for n, step in enumerate(case.steps, 1):
+        where = f"{case.id} ({case.desc}) step {n}"
+        if isinstance(step, Do):
+            step.fn(flowdp)
+        elif isinstance(step, Check):
+            _check_flows(flowdp, step.flows, where)
+        else:
+            _send(flowdp, step, f"{where}, {step.side} side: {_show(_made(step.frame, flowdp))}")
+    _check_flows(flowdp, case.flows, f"{case.id} ({case.desc}) after the last step")
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_golden(flowdp, case: Case):
-    try:
-        for slot, rules in case.rules.items():
-            fm.add_rules(flowdp.pins, slot, **rules)
-        for n, step in enumerate(case.steps, 1):
-            where = f"{case.id} ({case.desc}) step {n}"
-            if isinstance(step, Do):
-                step.fn(flowdp)
-            elif isinstance(step, Check):
-                _check_flows(flowdp, step.flows, where)
-            else:
-                _send(flowdp, step, f"{where}, {step.side} side: {_show(_made(step.frame, flowdp))}")
-        _check_flows(flowdp, case.flows, f"{case.id} ({case.desc}) after the last step")
-    finally:
-        flowdp.reset()
+    for attempt in range(1, TIMER_TRIES + 1):
+        before = flowdp.counters()
+        try:
+            _play(flowdp, case)
+            return
+        except AssertionError:
+            if attempt == TIMER_TRIES or not timer_refused(flowdp, before):
+                raise
+        finally:
+            flowdp.reset()
 
 
 def test_case_ids_unique():
@@ -1582,11 +1602,16 @@ def test_last_seen_refresh(flowdp):
     """last_seen_ns of a promoted flow is written at most once per FLOW_TOUCH_NS (1 s): not by a
     segment right after the promotion, but by one 1.1 s later. (The timers' expiry, 60 s and 6 h,
     is left to the namespace tests; that they were armed shows only as the closing state.)"""
-    fm.add_rules(flowdp.pins, 0, clients=[f"{CLIENT}/32"])
     flow = established(40065)
-    try:
+    for attempt in range(1, TIMER_TRIES + 1):   # the kernel may refuse the timer (TIMER_TRIES)
+        fm.add_rules(flowdp.pins, 0, clients=[f"{CLIENT}/32"])
+        before = flowdp.counters()
         for step in handshake(40065):
             assert flowdp.run(step.side, bytes(step.frame)).retval == TC_ACT_REDIRECT
+        if attempt == TIMER_TRIES or not timer_refused(flowdp, before):
+            break
+        flowdp.reset()
+    try:
         promoted_at = time.monotonic()
         seen = flowdp.flow(flow)["last_seen_ns"]
         flowdp.run("access", bytes(ack(40065, flags="PA") / b"x"))
