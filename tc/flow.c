@@ -649,33 +649,41 @@ static __always_inline int owned(struct __sk_buff *skb, const struct tcp_pkt *p)
 	return mine;
 }
 
+/* The listener a segment of no remembered flow would reach, when the segment
+ * is an ACK with a valid SYN cookie of that listener (the handshake of a flow
+ * it answered by a cookie); else NULL. The caller releases it. */
+static __always_inline struct bpf_sock *cookie_listener(struct __sk_buff *skb, struct tcp_pkt *p,
+							const struct where *w)
+{
+	struct bpf_sock *sk;
+
+	if (!is_bare_ack(p))
+		return NULL;
+	sk = sock_for(skb, p, listener_port(w->listen_port, p));
+	if (sk && !cookie_valid(sk, p)) {
+		bpf_sk_release(sk);
+		return NULL;
+	}
+	return sk;
+}
+
 /* Modes nft and route: whether a segment of no remembered flow, to or from a
  * service port the stack's interception takes, is nobody's here: no socket
- * owns its 4-tuple, and it is no ACK with a valid SYN cookie of the
- * listener's. Left to the stack, the interception would deliver it locally:
- * a subscriber's segment to the listener, which would reset it; in route
- * mode the origin's too (its rules take them by their source port), to no
- * socket at all. Such a segment is a bypassed flow's whose entry the tables
- * lost (flows_new is an LRU a flood of new flows churns, and on this kernel
- * promotions to flows are often put off: flows_no_timer), or a late one of a
- * connection the proxy has ended: either way not the proxy's, and forwarded
- * end to end, as with no PEP. (Mode bpf's stack routes it on: nothing there
- * intercepts what no socket owns.) */
+ * owns its 4-tuple, and it answers no SYN cookie. Left to the stack, the
+ * interception would deliver it locally, to the listener, which would reset
+ * it, or (route mode, the origin's side) to no socket. It is a bypassed
+ * flow's whose entry the tables lost, or a late one of a connection the proxy
+ * has ended (pep_flow.h): forwarded end to end, as with no PEP. */
 static __always_inline int unowned(struct __sk_buff *skb, struct tcp_pkt *p, const struct where *w)
 {
 	struct bpf_sock *sk;
-	int cookie = 0;
 
 	if ((p->flags & TCP_FLAG_SYN) || !service_port_intercepted(w, p) || owned(skb, p))
 		return 0;
-	if (is_bare_ack(p)) {
-		sk = sock_for(skb, p, listener_port(w->listen_port, p));
-		if (sk) {
-			cookie = cookie_valid(sk, p);
-			bpf_sk_release(sk);
-		}
-	}
-	return !cookie;
+	sk = cookie_listener(skb, p, w);
+	if (sk)
+		bpf_sk_release(sk);
+	return !sk;
 }
 
 /* Whether a segment of no remembered flow may be another proxy host's: to or
@@ -699,21 +707,14 @@ static __always_inline int no_flow(struct __sk_buff *skb, struct tcp_pkt *p, con
 				   const struct flow_key *k, int others)
 {
 	struct bpf_sock *sk;
-	__be16 port;
 	long err;
 
-	if (w->flags & GRAPH_F_ASSIGN) {
-		port = listener_port(w->listen_port, p);
-		if (port != p->dport && is_bare_ack(p) && intercepted(w, p)) {
-			sk = sock_for(skb, p, port);
-			if (sk) {
-				err = -1;
-				if (cookie_valid(sk, p))
-					err = hand_to(skb, sk);
-				bpf_sk_release(sk);
-				if (err != -1)
-					return pass(w, err ? CNT_ASSIGN_FAILED : CNT_PKTS_SYNCOOKIE);
-			}
+	if ((w->flags & GRAPH_F_ASSIGN) && listener_port(w->listen_port, p) != p->dport && intercepted(w, p)) {
+		sk = cookie_listener(skb, p, w);
+		if (sk) {
+			err = hand_to(skb, sk);
+			bpf_sk_release(sk);
+			return pass(w, err ? CNT_ASSIGN_FAILED : CNT_PKTS_SYNCOOKIE);
 		}
 	}
 	/* In mode bpf the caller found no socket already. */
