@@ -19,7 +19,14 @@
  * is bench responsiveness's: 30 objects over 6 keep-alive connections.
  * --sender cubic replaces the law by end-to-end CUBIC (loss-based, no
  * pacing, the end host's initial window of 10): the baseline the issue's
- * bars are relative to, run on the same link.
+ * bars are relative to, run on the same link. --sender oracle is a yardstick
+ * no real sender can match: the subscriber's window is set, on every ACK,
+ * from the link's true capacity (every delivery opportunity of the trace,
+ * used or not) over the 100 ms that ended one round trip ago (the least lag a
+ * sender at the PEP has: an ACK's news takes the uplink, its answer the
+ * downlink), times the path's RTT plus the target; the flows share it as
+ * pep_radio's flows do, with no drains. How far the law is from it says how
+ * much a better estimate of capacity could still give on a trace.
  *
  *   model [options] DOWN_TRACE UP_TRACE
  *     --seconds S    (20)      --delay MS   one-way (25)
@@ -38,6 +45,7 @@
  *     --series       print a line per 100 ms: time, queue delay, window, rate
  *     --page S       a page load S seconds in (bench responsiveness: 3)
  *     --sender cubic end-to-end CUBIC instead of pep_radio
+ *     --sender oracle  the law's window from the link's true capacity one RTT ago
  * Prints one JSON object: goodput (Mbit/s, and per bulk flow), what the trace
  * offered over the same time, request percentiles (ms), the link queue's
  * delay percentiles, outages the law saw, its control windows, and its mean
@@ -312,6 +320,8 @@ static size_t nreq;
 
 static int timestamps = 1;             /* the client sends TCP timestamps (--no-timestamps: not) */
 static int sender_cubic;               /* --sender cubic */
+static int sender_oracle;              /* --sender oracle */
+static __u64 path_rtt_us;              /* the path's round trip with no queue: both delays */
 static __u32 page_pkts[PAGE_OBJECTS];  /* the page's objects in packets, in the order they are asked for */
 static size_t page_next, page_left;
 static __u64 page_start, page_end;
@@ -412,8 +422,47 @@ static void count(const struct radio_out *o)
 		outages++;
 }
 
-static void apply(struct flow *f, const struct radio_out *o)
+/* Delivery opportunities of the link before time `t` (the trace loops; linkem/path.c's first_opp_at
+ * counts them the same way, in the emulator). */
+static __u64 opportunities_before(const struct link *l, __u64 t)
 {
+	__u64 ms = (t % l->period_us) / 1000;
+	size_t lo = 0, hi = l->n;
+
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+
+		if (l->opp[mid] < ms)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return t / l->period_us * l->n + lo;
+}
+
+/* --sender oracle: the subscriber's window and rate from the downlink's true capacity over the
+ * ORACLE_AVG_US that ended one round trip ago, and the flow's share of it as the law shares. */
+#define ORACLE_AVG_US 100000ULL
+static void oracle_share(struct flow *f, __u64 now, struct radio_out *o)
+{
+	__u64 to = now > path_rtt_us ? now - path_rtt_us : 0;
+	__u64 from = to > ORACLE_AVG_US ? to - ORACLE_AVG_US : 0;
+
+	if (to <= from)
+		return;
+	sub.rate = (opportunities_before(&down, to) - opportunities_before(&down, from)) * OPP_BYTES *
+		   1000000 / (to - from);
+	sub.window = sub.rate * (path_rtt_us + target_us) / 1000000;
+	if (sub.window < RADIO_WINDOW_MIN_BYTES)
+		sub.window = RADIO_WINDOW_MIN_BYTES;
+	sub.draining = 0;
+	radio_share(&sub, (__u32)path_rtt_us, MSS, 0, &f->rf, o);
+}
+
+static void apply(struct flow *f, __u64 now, struct radio_out *o)
+{
+	if (sender_oracle)
+		oracle_share(f, now, o);
 	f->cwnd = o->cwnd;
 	f->pacing = o->pacing;
 }
@@ -435,7 +484,7 @@ static void flow_start(struct flow *f, __u32 id, __u64 now, __u32 handshake_rtt)
 		have_sub = 1;
 	}
 	radio_start(&sub, &f->rf, now, handshake_rtt, MSS, target_us, &o);
-	apply(f, &o);
+	apply(f, now, &o);
 	f->last_progress = now;
 	try_send(f, id, now);
 }
@@ -559,7 +608,7 @@ static void on_ack(struct flow *f, __u32 id, __u64 now, __u64 cum, __u64 sacked,
 		radio_stop(&sub, &f->rf, MSS);
 		return;
 	}
-	apply(f, &o);
+	apply(f, now, &o);
 	try_send(f, id, now);
 }
 
@@ -714,6 +763,8 @@ int main(int argc, char **argv)
 			page_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--sender") && i + 1 < argc && !strcmp(argv[i + 1], "cubic") && ++i)
 			sender_cubic = 1;
+		else if (!strcmp(argv[i], "--sender") && i + 1 < argc && !strcmp(argv[i + 1], "oracle") && ++i)
+			sender_oracle = 1;
 		else if (argv[i][0] != '-' && npaths < 2)
 			paths[npaths++] = argv[i];
 		else {
@@ -723,7 +774,7 @@ int main(int argc, char **argv)
 	}
 	if (npaths != 2 || nbulk < 1 || nbulk > MAX_BULK) {
 		fprintf(stderr, "usage: model [--seconds S] [--delay MS] [--limit MS] [--target MS] [--flows N] "
-			"[--offset S] [--loss P] [--jitter MS] [--no-timestamps] [--idle] [--series] [--page S] [--join S] [--leave S] [--sender cubic] "
+			"[--offset S] [--loss P] [--jitter MS] [--no-timestamps] [--idle] [--series] [--page S] [--join S] [--leave S] [--sender cubic|oracle] "
 			"DOWN_TRACE UP_TRACE\n");
 		return 2;
 	}
@@ -739,6 +790,7 @@ int main(int argc, char **argv)
 		rotate(&up, (__u32)(offset_s * 1000));
 	}
 	down.delay_us = up.delay_us = (__u64)(delay_ms * 1000);
+	path_rtt_us = 2 * down.delay_us;
 	down.limit_us = up.limit_us = (__u64)(limit_ms * 1000);
 	down.loss_ppm = (__u32)(loss_pct * 10000);
 	down.rng = 1;

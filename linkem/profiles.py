@@ -127,10 +127,10 @@ def profile_words(name: str | None, overrides: list[str] | tuple[str, ...] = (),
         direction, key, value = _split_override(word)
         for d in (direction,) if direction else ("a2b", "b2a"):
             per_dir[d][key] = value
-    return [f"{d}.{k}={_trace_path(v) if k == 'trace' else v}" for d in ("a2b", "b2a") for k, v in per_dir[d].items()]
+    return [f"{d}.{k}={trace_path(v) if k == 'trace' else v}" for d in ("a2b", "b2a") for k, v in per_dir[d].items()]
 
 
-def _trace_path(value: str) -> str:
+def trace_path(value: str) -> str:
     """A trace named relative to linkem/ (the shipped ones: traces/NAME), as linkem must open it."""
     return value if value == "none" or Path(value).is_absolute() else str(HERE / value)
 

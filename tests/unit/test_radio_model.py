@@ -16,7 +16,8 @@ download), on links made to order here. What the law promises, checked on what i
   - short flows that begin in a download's queue do not hide it;
   - a flow that joins a held queue does not make the law hold twice the target (its drains);
   - a download left alone after the one it joined ends is not left blind (an early drain);
-  - a capacity that falls fiftyfold (a handover) is followed within seconds.
+  - a capacity that falls fiftyfold (a handover) is followed within seconds;
+  - the model's oracle, the yardstick of congestion/frontier.py, does what it says.
 No root: the model is compiled here with the system's C compiler.
 """
 
@@ -32,6 +33,8 @@ import subprocess
 
 import pytest
 
+from congestion import frontier
+from linkem import profiles
 from pepctl import radio_maps
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -268,3 +271,47 @@ def test_a_capacity_that_falls_fiftyfold_is_followed(model, tmp_path):
     assert late <= 1.5 * TARGET_MS, f"50 -> 2 Mbit/s at 5 s: queue median {late} ms after 7 s"
     assert got["goodput_mbps"] >= 0.85 * got["offered_mbps"], \
         f"50 -> 2 Mbit/s: goodput {got['goodput_mbps']} of {got['offered_mbps']} Mbit/s"
+
+
+def test_the_oracle_follows_the_capacity_one_round_trip_late(model, tmp_path):
+    """--sender oracle, the yardstick congestion/frontier.py sets the law against: its window is the
+    link's true capacity of one round trip ago times the path plus the target. On a steady link it
+    holds the target and fills the link; when the capacity falls fivefold, the queue is back near the
+    target within a second."""
+    got = run(model, tmp_path, constant(10), constant(5), "--sender", "oracle")
+    assert 0.5 * TARGET_MS <= got["wait_p50_ms"] <= 1.5 * TARGET_MS, \
+        f"oracle, 10 Mbit/s: the link's queue (median) {got['wait_p50_ms']} ms, target {TARGET_MS} ms"
+    assert got["goodput_mbps"] >= 0.9 * got["offered_mbps"], \
+        f"oracle, 10 Mbit/s: goodput {got['goodput_mbps']} of {got['offered_mbps']} Mbit/s"
+    got, waits = series_waits(model, tmp_path, rate_trace(lambda t: 10 if t < 5000 else 2, 20), constant(5),
+                              "--sender", "oracle")
+    late = statistics.median(w for t, w in waits if t >= 6)
+    assert late <= 1.5 * TARGET_MS, f"oracle, 10 -> 2 Mbit/s at 5 s: queue median {late} ms after 6 s"
+    # A tenfold swing every second: the oracle knows the capacity the law must find, so its rate
+    # is the link's own and it gets more of the link than the law does, at no longer a queue.
+    def swing(t: float) -> float:
+        return 2 * 10 ** (0.5 - 0.5 * math.cos(2 * math.pi * t / 1000))
+    law = run(model, tmp_path, rate_trace(swing, 30), constant(5))
+    oracle = run(model, tmp_path, rate_trace(swing, 30), constant(5), "--sender", "oracle")
+    assert abs(oracle["rate_estimate_mbps"] / oracle["offered_mbps"] - 1) <= 0.05, \
+        f"oracle, 1 s swing: its rate {oracle['rate_estimate_mbps']} Mbit/s, the link's {oracle['offered_mbps']}"
+    assert oracle["goodput_mbps"] > law["goodput_mbps"] and oracle["wait_p95_ms"] <= law["wait_p95_ms"], \
+        f"1 s swing: oracle {oracle['goodput_mbps']} Mbit/s at queue p95 {oracle['wait_p95_ms']} ms, " \
+        f"law {law['goodput_mbps']} at {law['wait_p95_ms']}"
+
+
+def test_frontier_sets_the_law_against_the_oracle(model):
+    """congestion/frontier.py runs both senders on a shipped trace profile, as bench responsiveness
+    loads the link, and names the trace profiles when given another."""
+    profile = profiles.load()["lte-trace"]
+    rows = frontier.frontier(model, profile, [30])
+    assert [(r["sender"], r["target_ms"]) for r in rows] == [("law", 30), ("oracle", 30)], rows
+    for r in rows:
+        assert 0.3 < r["goodput_over_cubic"] < 2 and math.isfinite(r["p95_over_idle_ms"]), \
+            f"lte-trace, {r['sender']}: a figure no run gives: {r}"
+
+
+def test_frontier_names_the_trace_profiles_for_another(model, capsys):
+    assert frontier.main(["--profile", "lte", "--model", model]) == 2
+    err = capsys.readouterr().err
+    assert "--profile lte" in err and "3g-trace" in err, f"the error must name the value and the choices: {err}"

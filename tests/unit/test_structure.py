@@ -2,12 +2,12 @@
 the BPF maps through bpf(2) only.
 
 How right is told from wrong: the sources are parsed (ast), not imported. Every Python file the
-repository tracks is checked (every folder: pepctl, haproxy, linkem, replay, netns, bench, demo,
-trex-profiles, tests):
+repository tracks is checked (every folder: pepctl, haproxy, linkem, replay, congestion, netns,
+bench, demo, trex-profiles, tests):
 - no import inside a function (it would hide a circle, and a missing module until that line runs);
 - no cycle in the graph of module-level imports between the repository's own modules;
 - layers: a lower layer never imports a higher one. pepctl, haproxy and the tools' own Python
-  (linkem, replay) are the appliance and its parts; netns, the lab, runs them; bench measures
+  (linkem, replay, congestion) are the appliance and its parts; netns, the lab, runs them; bench measures
   with the lab; demo shows all of it; tests may use anything;
 - no module imports another's private name (a leading underscore), within a package or across;
 - names.py derives names from plain values and imports nothing of the config;
@@ -26,7 +26,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Lowest first; a module may import its own layer and those below. Folders not listed are standalone
 # (trex-profiles: TRex's own format, loaded by TRex).
-LAYERS = [("pepctl", "haproxy", "linkem", "replay"), ("netns",), ("bench",), ("demo",), ("tests",)]
+LAYERS = [("pepctl", "haproxy", "linkem", "replay", "congestion"), ("netns",), ("bench",), ("demo",), ("tests",)]
 LAYER = {folder: i for i, folders in enumerate(LAYERS) for folder in folders}
 CONFIG_MODULE_MAX_LINES = 500
 

@@ -1,0 +1,105 @@
+"""How close pep_radio's law is to the best a sender at the PEP could do, on a trace profile.
+
+    python3 -m congestion.frontier [--profile 3g-trace] [--targets 20,30,50,80] [--model PATH]
+
+Runs the model (congestion/model.c, built by `make -C congestion model`) on the profile's link
+(linkem/profiles.toml: its traces, delays, jitter and buffer) as `bench responsiveness` loads it: a
+download, a 1 KB request every 200 ms, a page 3 s in; the floor is the requests alone. Two senders
+at each queue target: the law, and the model's oracle, which sets the window from the link's true
+capacity one round trip ago (every delivery opportunity, used or not: what no real sender sees).
+Each figure is the mean over four starts into the trace, as goodput over end-to-end CUBIC's and
+request p95 over the floor's: the two bars of issue 24 (bench/responsiveness.py has them). The
+oracle's row is the frontier: a target where even it misses a bar is a pair of bars no law at the
+PEP meets on that trace (in the model).
+
+This is a tuning aid built on the model, not a measurement: `bench responsiveness` measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+from linkem import profiles
+
+MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model")
+OFFSETS_S = (0, 15, 30, 45)   # four starts into the trace: one start's figures swing with its luck
+SECONDS = 45                  # bench responsiveness's run on 3G, whose page needs it
+PAGE_AT_S = 3
+
+
+def model_argv(model: str, profile: dict, offset: int, *extra: str) -> list[str]:
+    """The model's command line for the profile's link (a profile as linkem.profiles.load gives it)."""
+    link = profile["both"]
+    return [model, "--delay", link["delay"], "--jitter", link.get("jitter", "0"), "--limit", link["limit_ms"],
+            "--seconds", str(SECONDS), "--offset", str(offset), *extra,
+            profiles.trace_path(profile["down"]["trace"]), profiles.trace_path(profile["up"]["trace"])]
+
+
+def is_trace_profile(profile: dict) -> bool:
+    """Whether the model can run the profile: traces both ways, and a delay and a buffer for both."""
+    return all(k in profile["both"] for k in ("delay", "limit_ms")) and \
+        all("trace" in profile[d] for d in ("down", "up"))
+
+
+def run(model: str, profile: dict, offset: int, *extra: str) -> dict:
+    proc = subprocess.run(model_argv(model, profile, offset, *extra), capture_output=True, text=True,
+                          timeout=120)
+    if proc.returncode:
+        raise SystemExit(f"frontier: {' '.join(model_argv(model, profile, offset, *extra))}: {proc.stderr.strip()}")
+    return json.loads(proc.stdout)
+
+
+def frontier(model: str, profile: dict, targets: list[int]) -> list[dict]:
+    """Per sender and target: mean goodput over CUBIC's and request p95 over the floor's (ms)."""
+    page = ("--page", str(PAGE_AT_S))
+    base = {o: (run(model, profile, o, "--sender", "cubic", *page), run(model, profile, o, "--idle"))
+            for o in OFFSETS_S}
+    rows = []
+    for sender in ("law", "oracle"):
+        for target in targets:
+            extra = ("--target", str(target), *page, *(("--sender", "oracle") if sender == "oracle" else ()))
+            goodput = p95 = 0.0
+            for o in OFFSETS_S:
+                got, (cubic, idle) = run(model, profile, o, *extra), base[o]
+                goodput += got["goodput_mbps"] / cubic["goodput_mbps"]
+                p95 += got["p95_ms"] - idle["p95_ms"]
+            rows.append({"sender": sender, "target_ms": target, "goodput_over_cubic": goodput / len(OFFSETS_S),
+                         "p95_over_idle_ms": p95 / len(OFFSETS_S)})
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="frontier", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", default="3g-trace", help="a trace profile of linkem/profiles.toml")
+    ap.add_argument("--targets", default="20,30,50,80", help="queue targets, ms, comma-separated")
+    ap.add_argument("--model", default=MODEL, help="the model's binary (make -C congestion model)")
+    args = ap.parse_args(argv)
+    known = profiles.load()
+    profile = known.get(args.profile)
+    if not profile or not is_trace_profile(profile):
+        traced = ", ".join(n for n, p in known.items() if is_trace_profile(p))
+        print(f"frontier: --profile {args.profile}: not a trace profile of linkem/profiles.toml "
+              f"(those are: {traced})", file=sys.stderr)
+        return 2
+    try:
+        targets = [int(t) for t in args.targets.split(",")]
+    except ValueError:
+        print(f"frontier: --targets {args.targets}: give whole ms, comma-separated (20,30,50)", file=sys.stderr)
+        return 2
+    if not os.access(args.model, os.X_OK):
+        print(f"frontier: --model {args.model}: no such program; build it: make -C congestion model",
+              file=sys.stderr)
+        return 2
+    print(f"{args.profile}: mean of {len(OFFSETS_S)} starts, {SECONDS} s each")
+    print(f"{'sender':8} {'target ms':>9} {'goodput / CUBIC':>15} {'p95 over idle ms':>16}")
+    for r in frontier(args.model, profile, targets):
+        print(f"{r['sender']:8} {r['target_ms']:>9} {r['goodput_over_cubic']:>15.2f} {r['p95_over_idle_ms']:>+16.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
