@@ -327,6 +327,19 @@ static inline int radio_window_blind(const struct radio_sub *sub)
 	return sub->win_qd_us == ~0U && sub->win_seen == RADIO_SEEN_SET_ASIDE;
 }
 
+/* What a control window gathers, cleared for the next one (at a window's end, and when the link
+ * resumed after a pause: the window that spans it says nothing). */
+static inline void radio_clear_window(struct radio_sub *sub)
+{
+	sub->win_delivered = 0;
+	sub->win_lost = 0;
+	sub->win_bulk = 0;
+	sub->win_qd_us = ~0U;
+	sub->win_seen = 0;
+	sub->win_path_sum_us = 0;
+	sub->win_path_n = 0;
+}
+
 /* The end of a subscriber's control window: its next window and rate. */
 static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64 now_us, __u32 min_rtt_us,
 				    struct radio_out *out)
@@ -386,14 +399,8 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
 	}
 	sub->qdelay_us = qd;
 	sub->bulk = sub->win_bulk;
-	sub->win_bulk = 0;
+	radio_clear_window(sub);
 	sub->win_full = 0;
-	sub->win_delivered = 0;
-	sub->win_lost = 0;
-	sub->win_qd_us = ~0U;
-	sub->win_seen = 0;
-	sub->win_path_sum_us = 0;
-	sub->win_path_n = 0;
 	sub->window_id++;
 	out->window_ended = 1;
 	out->qdelay_us = qd;
@@ -519,13 +526,7 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 		}
 		sub->resumed_us = a->now_us;
 		sub->win_start_us = rx;
-		sub->win_delivered = 0;
-		sub->win_lost = 0;
-		sub->win_bulk = 0;
-		sub->win_qd_us = ~0U;
-		sub->win_seen = 0;
-		sub->win_path_sum_us = 0;
-		sub->win_path_n = 0;
+		radio_clear_window(sub);
 	} else if (a->rtt_us && a->now_us - a->rtt_us >= sub->resumed_us) {
 		/* (A packet sent before the link resumed waited out the pause: its delay is not a queue.) */
 		__u32 qd = radio_queue_sample(f, a, base_rtt,
