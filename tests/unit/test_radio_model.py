@@ -305,10 +305,10 @@ def test_frontier_sets_the_law_against_the_oracle(model):
     loads the link, and names the trace profiles when given another."""
     profile = profiles.load()["lte-trace"]
     rows = frontier.frontier(model, profile, [30])
-    assert [(r["sender"], r["target_ms"]) for r in rows] == [("law", 30), ("oracle", 30)], rows
+    assert [(r["sender"], r["target_ms"]) for r in rows] == [("law", 30), ("oracle", 30), ("cubic", 0)], rows
     for r in rows:
-        assert 0.3 < r["goodput_over_cubic"] < 2 and math.isfinite(r["p95_over_idle_ms"]), \
-            f"lte-trace, {r['sender']}: a figure no run gives: {r}"
+        assert 0.3 < r["goodput_over_cubic"] < 2 and 0.1 < r["of_offered"] <= 1 and \
+            math.isfinite(r["p95_over_idle_ms"]), f"lte-trace, {r['sender']}: a figure no run gives: {r}"
 
 
 def test_frontier_names_the_trace_profiles_for_another(model, capsys):
