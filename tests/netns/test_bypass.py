@@ -8,13 +8,15 @@
       == ... -- origin nginx
                     \\___ bypass (rule or fail-open): forwarded at L3 by tc, never reaching a socket ___/
 
-Every test runs on two labs: the default one (interception `bpf`: tc hands proxied packets to
-their sockets) and one with `--interception nft --ports 80` (nft's tproxy does).
+Every test runs on three labs: the default one (interception `bpf`: tc hands proxied packets to
+their sockets), one with `--interception nft --ports 80` (nft's tproxy does) and one with
+`--interception route --ports 80` (policy routing delivers them to the local stack).
 
 How right is told from wrong: every flow's verdict is read back three ways.
 HAProxy's stats count the sessions it carried (`stot` of frontend graph_pep);
 the interception counts the packets it handed to HAProxy (bpf: flow_ingress's
-pkts_assigned; nft: the counters of the interception table); and the flow
+pkts_assigned; nft: the counters of the interception table; route, which has no counters of its
+own: flow_ingress's pkts_no_flow, the packets it passed to the stack); and the flow
 tables (flows_new, flows) hold the verdict of every bypassed flow under
 (subscriber, port), next to the counters flows_proxied, flows_bypass_rule,
 flows_bypass_failopen. Proxied flows are not remembered: their sockets are
@@ -44,15 +46,18 @@ from haproxy.supervise import is_our_haproxy
 from netns.addresses import ACCESS_NET4, CLIENT4, CLIENT6, ORIGIN4, ORIGIN6
 from netns.handle import PYTHON, LabHandle
 from pepctl import config as configmod
-from pepctl import flow_maps
+from pepctl import flow_maps, status
 from pepctl.runner import wait_for
 
-LAB_MODES = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"]}
+LAB_MODES = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"],
+             "route": ["--interception", "route", "--ports", "80"]}
 PROXIED = {4: CLIENT4, 6: CLIENT6}       # the lab's client addresses
 BYPASSED = {4: "198.18.0.11", 6: "2001:2:0:1::11"}      # added by the `lab` fixture, as are:
 # one address per fail-open test (see test_stale_...): their bypassed flows stay remembered
 LOADERS = {"haproxy": "198.18.0.12", "supervisor then haproxy": "198.18.0.13", "supervisor stopped": "198.18.0.14"}
 URL = {4: f"http://{ORIGIN4}", 6: f"http://[{ORIGIN6}]"}
+# flow_ingress's count of the packets a mode hands to HAProxy (nft's are its table's own counters)
+INTERCEPTION_COUNTER = {"bpf": "pkts_assigned", "route": "pkts_no_flow"}
 
 # A download that lasts: reads at RATE bytes/s through a small receive buffer, so the sender cannot
 # run ahead (curl 7.88's --limit-rate lets bursts of megabytes through here). Prints its local port;
@@ -110,6 +115,7 @@ class Graph:
         self.pins = self.instance.flow_pins
         self.slot = g.index
         self.config = cfg.path
+        self.listen_port = min(status.listen_ports(g))   # listen_port, or route mode's port itself
 
 
 @pytest.fixture(scope="module")
@@ -148,10 +154,12 @@ def counters(graph: Graph) -> dict[str, int]:
 
 
 def handed_to_proxy(lab, graph: Graph) -> dict[str, int]:
-    """The interception's own counts of packets handed to HAProxy: pkts_assigned (bpf), or the nft
-    table's counters (nft)."""
-    if lab.interception == "bpf":
-        return {"pkts_assigned": counters(graph)["pkts_assigned"]}
+    """The interception's own counts of packets handed to HAProxy: pkts_assigned (bpf), the nft
+    table's counters (nft), or the packets flow_ingress passed to the stack, whose policy routes
+    deliver them locally (route: pkts_no_flow; a bypassed flow's are forwarded, not passed)."""
+    if lab.interception in INTERCEPTION_COUNTER:
+        name = INTERCEPTION_COUNTER[lab.interception]
+        return {name: counters(graph)[name]}
     out = json.loads(lab.run("pep", "nft", "-j", "list", "counters").stdout)["nftables"]
     return {c["counter"]["name"]: c["counter"]["packets"] for c in out if "counter" in c}
 
@@ -282,24 +290,33 @@ def test_bypassed_flow_skips_haproxy_and_interception(lab, graph, tmp_path, fam)
     c2, n2 = counters(graph), handed_to_proxy(lab, graph)
     assert c2["flows_proxied"] == c1["flows_proxied"] + 1, f"flows_proxied: {grew(c1, c2)}"
     moved = grew(n1, n2)
-    want = {"pkts_assigned"} if lab.interception == "bpf" else {f"intercepted_v{fam}", "proxied"}
+    want = {INTERCEPTION_COUNTER[lab.interception]} if lab.interception in INTERCEPTION_COUNTER \
+        else {f"intercepted_v{fam}", "proxied"}
     assert want <= set(moved), \
         f"pep {lab.interception} interception: a proxied flow should move {sorted(want)}, moved {moved}"
 
 
 # -- fail-open ------------------------------------------------------------------------------------
 LOAD_CLIENT = r"""
-import json, socket, sys, time
+import json, random, socket, sys, time
 # Sequential new connections from argv[2] (GET /1k, HTTP/1.0) for argv[1] seconds; prints JSON:
 # [[start, end, ok, error, local port], ...] on the monotonic clock (shared with the test: same host).
+# Each from a port of its own, in turn through 40,000 of them from a random start: a port the kernel
+# picked could come round again within the run (the client closes last, so its ports are free at
+# once), and a proxied flow on a fail-open flow's 4-tuple takes its entry in the flow tables.
 end, src = time.monotonic() + float(sys.argv[1]), sys.argv[2]
-out = []
+out, nxt = [], random.randrange(40000)
 while time.monotonic() < end:
     t0, ok, err, port = time.monotonic(), False, "", None
     try:
         with socket.socket() as s:
-            s.bind((src, 0))   # before connect: a failed attempt has its port too
-            port = s.getsockname()[1]
+            while port is None:
+                try:
+                    s.bind((src, 20000 + nxt))   # before connect: a failed attempt has its port too
+                    port = 20000 + nxt
+                except OSError:
+                    pass                         # held by a connection of an earlier run: the next
+                nxt = (nxt + 1) % 40000
             s.settimeout(0.25)
             s.connect(("198.19.0.10", 80))
             s.sendall(b"GET /1k HTTP/1.0\r\nHost: origin\r\n\r\n")
@@ -400,15 +417,18 @@ def test_kill_haproxy_fails_open_at_once_then_proxies_again(lab, graph, which):
     by_port = {a[4]: a for a in attempts if a[2]}
     failopen = sorted(by_port[f["sub_port"]][0] - killed_at for f in flow_maps.flows(graph.pins, graph=graph.slot)
                       if f["subscriber"] == src and f["sub_port"] in by_port and f["verdict"] == "bypass_failopen")
-    assert failopen, f"pep flow tables: no flow of {src} was bypassed (fail-open) after the kill: " \
-                     f"{timeline(attempts, killed_at)}"
+    if not failopen:
+        held = sorted({f["verdict"] for f in flow_maps.flows(graph.pins, graph=graph.slot) if f["subscriber"] == src})
+        raise AssertionError(f"pep flow tables: no flow of {src} was bypassed (fail-open) after the kill; its entries' "
+                             f"verdicts {held}; flow counters moved {grew(c0, counters(graph))}; "
+                             f"{timeline(attempts, killed_at)}")
     assert failopen[0] < NEW_FLOWS_WITHIN + 0.05, \
         f"client {src}: the first fail-open flow started {failopen[0]:.3f} s after the kill; expected at once"
     assert failopen[-1] < BACK_WITHIN, \
         f"client {src}: flows were still bypassed (fail-open) {failopen[-1]:.3f} s after the kill: HAProxy was " \
         f"not back within {BACK_WITHIN} s"
-    # The client reuses its ports (it closes last: no TIME_WAIT on its side), and a reused 4-tuple
-    # replaces its entry: the counter counts every fail-open flow, the tables the last one per port.
+    # The counter counts every fail-open flow, the tables those whose entries are still there (the
+    # client does not reuse a port within the run, but an entry of an earlier run's may be replaced).
     c1 = counters(graph)
     n = c1["flows_bypass_failopen"] - c0["flows_bypass_failopen"]
     assert len(failopen) <= n <= len(after), \
@@ -446,7 +466,8 @@ def test_status_tells_fail_open_and_a_fail_open_flow_outlives_the_proxys_return(
         st = wait_for(lambda: (s := pep_status(lab))["graphs"][0]["proxy"]["mode"] == "fail-open" and s,
                       timeout=2, what="status mode fail-open")
         mode = st["graphs"][0]["proxy"]
-        assert "no listener on 50080" in mode["why"], f"status: fail-open without the reason: {mode}"
+        assert f"no listener on {graph.listen_port}" in mode["why"], \
+            f"status: fail-open without the reason: {mode}"
         assert st["state"] == "damaged" and any("HAProxy not running" in p for p in st["problems"]), \
             f"status: expected state damaged naming HAProxy, got {st['state']}: {st['problems']}"
         assert "new flows: FAIL-OPEN" in lab.pepctl("status", check=False).stdout
@@ -573,13 +594,14 @@ def test_bad_rules_file_changes_nothing(lab, graph, tmp_path):
         assert m.lookup(flow_maps.lpm_key(f"{CLIENT4}/32", graph.slot)) is None, f"bypass_client4 holds {CLIENT4}/32"
 
 
-def test_status_shows_what_new_flows_get_and_the_flow_counters(lab):
+def test_status_shows_what_new_flows_get_and_the_flow_counters(lab, graph):
     st = pep_status(lab)
     p = st["graphs"][0]["proxy"]
     assert st["state"] == "up" and p["mode"] == "proxy" and p["interception"] == lab.interception, \
         f"status --json: expected up, mode proxy, {lab.interception} interception: {st['state']}, {p}"
-    assert p["why"] == "HAProxy listens on 50080", f"status --json: why: {p['why']!r}"
+    assert p["why"] == f"HAProxy listens on {graph.listen_port}", f"status --json: why: {p['why']!r}"
     assert set(st["graphs"][0]["flows"]) == set(flow_maps.COUNTERS), st["graphs"][0]["flows"]
     text = lab.pepctl("status").stdout
-    assert f"new flows: PROXY (HAProxy listens on 50080); {lab.interception} interception" in text, text
+    assert f"new flows: PROXY (HAProxy listens on {graph.listen_port}); {lab.interception} " \
+        "interception" in text, text
     assert re.search(r"flows proxied \d+, bypassed by rule \d+, by fail-open \d+, not intercepted \d+", text), text

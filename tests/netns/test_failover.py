@@ -7,8 +7,10 @@
       == c_in [pep: tc flow_ingress: listener? PROXY (sk_assign / tproxy) : BYPASS_FAILOPEN] s_in
       == ... -- origin nginx 198.19.0.10:80
 
-Each test runs on the default lab (interception `bpf`, every port) and on one with
-`--interception nft --ports 80`: fail-open is the tc program's in both.
+Each test runs on the default lab (interception `bpf`, every port), on one with
+`--interception nft --ports 80` and on one with `--interception route --ports 80`: fail-open is the
+tc program's in all three (in modes nft and route the stack would take a fail-open SYN for
+HAProxy's listener, and the program forwards it by the main table).
 
 How right is told from wrong. Every connection of the load generator is recorded with its start,
 connect and end times and its outcome on CLOCK_MONOTONIC, which every namespace shares, and the
@@ -42,12 +44,13 @@ from haproxy.supervise import is_our_haproxy, read_state
 from netns.addresses import ORIGIN4
 from netns.handle import PYTHON, LabHandle
 from pepctl import config as configmod
-from pepctl import flow_maps, nsutil
+from pepctl import flow_maps, nsutil, status
 from pepctl.runner import wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOADGEN = os.path.join(HERE, "loadgen.py")
-LAB_MODES = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"]}
+LAB_MODES = {"bpf": [], "nft": ["--interception", "nft", "--ports", "80"],
+             "route": ["--interception", "route", "--ports", "80"]}
 SOURCES = {"haproxy": "198.18.0.20", "supervisor and haproxy": "198.18.0.21",
            "supervisor, its return, then haproxy": "198.18.0.22", "status": "198.18.0.23"}
 NEW_FLOWS_WITHIN = 0.010   # s: new connections succeed again this soon after kill -9 of HAProxy (issue 11)
@@ -74,7 +77,7 @@ class Graph:
         self.netns = cfg.graph_names(g).netns
         self.pins = self.instance.flow_pins
         self.slot = g.index
-        self.listen_port = g.proxy.listen_port
+        self.listen_port = min(status.listen_ports(g))   # listen_port, or route mode's port itself
 
 
 @pytest.fixture(scope="module")
