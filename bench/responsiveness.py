@@ -22,7 +22,8 @@ Each run, for SECONDS (3G profiles: 45 s, MIN_SECONDS):
 Reported per profile and transport: medians over reps (request times: percentiles over every rep's
 requests together), the request p95 over the idle floor's, goodput over e2e's, and whether the
 transport is never worse than e2e on p50, p95 and page load; JSON, a plot of request time and
-goodput over one run's time, and a markdown table.
+goodput over one run's time, and a markdown table. --queue-target MS runs pep_radio at another
+target than the config's default (what a graph's queue_target_ms would give, on one's own traces).
 """
 
 from __future__ import annotations
@@ -229,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=20, help="length of each run (the bulk download's cap)")
     ap.add_argument("--name", default="responsiveness", help="results/NAME.json, .png and .md")
+    ap.add_argument("--queue-target", type=int, metavar="MS",
+                    help="pep_radio's queue target, ms ([graph.access] queue_target_ms; default the config's)")
     args = ap.parse_args(argv)
     transports = [t for t in args.transports.split(",") if t]
     bad = [t for t in transports if t not in TRANSPORTS]
@@ -237,14 +240,17 @@ def main(argv: list[str] | None = None) -> int:
     profiles = [p for p in args.profiles.split(",") if p]
     command = "./scripts/bench responsiveness " + " ".join(sys.argv[1:] if argv is None else argv)
     with ExitStack() as stack:
-        lab = labs(stack, {t: ["--link", "none", *PROXIED[t]] for t in transports if t in PROXIED})
+        target = ["--queue-target", str(args.queue_target)] if args.queue_target else []
+        lab = labs(stack, {t: ["--link", "none", *PROXIED[t], *(target if t == "pep_radio" else [])]
+                           for t in transports if t in PROXIED})
         results = run_profiles(lab, profiles, transports, args.reps, args.seconds)
     for c in results:
         c["p95_spread_ms"] = {m: statistics.pstdev([r["small_p95_ms"] for r in c["samples"][m]])
                               for m in c["samples"]}
     best = favoured(results, transports)
     write_report(args.name, {"command": command, "commit": git_rev(), "reps": args.reps, "seconds": args.seconds,
-                             "transports": transports, "favoured": best, "profiles": results},
+                             "queue_target_ms": args.queue_target, "transports": transports, "favoured": best,
+                             "profiles": results},
                  table(results, transports), plot_runs(results, transports))
     write_markdown(os.path.join(RESULTS, f"{args.name}.md"), results, transports, args.reps, command, best)
     print(f"the measurements favour: {best}")

@@ -257,6 +257,8 @@ class Lab:
         # With another engine as the proxy, pepctl's stays off: the graph routes, the engine intercepts.
         proxy = not opts.no_proxy and getattr(opts, "proxy_engine", "haproxy") == "haproxy"
         congestion = getattr(opts, "congestion", DEFAULT_CONGESTION)
+        target = getattr(opts, "queue_target", None)
+        queue_target = f"queue_target_ms = {target}  # pep-lab up --queue-target" if target else ""
         handshake = getattr(opts, "handshake", None)
         text = template.substitute(rid=self.rid, run_dir=run_dir or self.run_dir, supervisor=supervisor,
                                    proxy=str(proxy).lower(),
@@ -265,9 +267,10 @@ class Lab:
                                    source_port=getattr(opts, "source_port", "kept"),
                                    handshake=f'handshake = "{handshake}"' if handshake else "",
                                    metrics_port=0 if getattr(opts, "no_metrics", False) else 9101,
-                                   congestion=congestion)
+                                   congestion=congestion, queue_target=queue_target)
         proxy = text[text.index("[graph.proxy]"):]
-        return text + "".join(extra_graph(i, proxy, congestion) for i in range(2, getattr(opts, "graphs", 1) + 1))
+        return text + "".join(extra_graph(i, proxy, congestion, queue_target)
+                              for i in range(2, getattr(opts, "graphs", 1) + 1))
 
     def origin_steps(self) -> list[Step]:
         og = self.netns("origin")
@@ -407,10 +410,11 @@ class Lab:
 MAX_GRAPHS = 2048
 
 
-def extra_graph(i: int, proxy: str, congestion: str = DEFAULT_CONGESTION) -> str:
+def extra_graph(i: int, proxy: str, congestion: str = DEFAULT_CONGESTION, queue_target: str = "") -> str:
     """Graph i (2, 3, ...) of a lab brought up with --graphs N: VLANs and subnets of its own, no
     hosts behind it (the benchmarks measure what many graphs cost; tests reload one while another
-    carries traffic). Its proxy settings and access side's congestion control are graph 1's."""
+    carries traffic). Its proxy settings and access side's congestion control (and its queue
+    target: queue_target, a config line or nothing) are graph 1's."""
     k = i - 2
     a4 = ipaddress.ip_address("198.18.128.0") + 16 * k
     o4 = ipaddress.ip_address("198.19.128.0") + 16 * k
@@ -421,6 +425,7 @@ name = "g{i}"
 vlan = {300 + 2 * k}
 addresses = ["{a4 + 1}/28", "2001:2:0:{0x1000 + i:x}::1/64"]
 congestion = "{congestion}"
+{queue_target}
 [graph.origin]
 vlan = {301 + 2 * k}
 addresses = ["{o4 + 1}/28", "2001:2:0:{0x8000 + i:x}::1/64"]

@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"the access side's congestion control (default {DEFAULT_CONGESTION}): one the kernel offers, "
                     "or pep_radio (pepctl's own, congestion/: registered by pepctl up, shared by every lab of the "
                     "host)")
+    up.add_argument("--queue-target", type=int, metavar="MS",
+                    help="pep_radio's queue target toward the subscriber, ms ([graph.access] queue_target_ms; "
+                    "default the config's default)")
     up.add_argument("--threads", type=int, default=0, metavar="N",
                     help="the proxy's threads (HAProxy) or workers (nginx, minrelay); default 0: one per CPU")
     up.add_argument("--no-metrics", action="store_true", help="no metrics exporter (metrics_port = 0)")

@@ -12,6 +12,7 @@ stats socket and the systemd unit allow). No root, no files outside a temp folde
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import os
 import tempfile
@@ -19,6 +20,7 @@ import tempfile
 import pytest
 
 from netns.configs import one_graph, second_graph, toml_text
+from netns.lab import Lab
 from pepctl import names, radio_maps
 from pepctl.config import (
     MAXCONN_MAX,
@@ -566,7 +568,7 @@ def test_lab_template_loads():
         text = f.read()
     for k, v in {"$rid": "t1a2b3c", "$run_dir": "/run/peplab/x", "$supervisor": "pepctl", "$proxy": "true",
                  "$interception": "nft", "$ports": '"all"', "$splice": "auto", "$mode": "tcp", "$metrics_port": "9101",
-                 "$threads": "1", "$congestion": "pep_radio", "$source_port": "any",
+                 "$threads": "1", "$congestion": "pep_radio", "$queue_target": "", "$source_port": "any",
                  "$handshake": 'handshake = "early"',
                  "$experiment": "[graph.experiment]\ncontrol_fraction = 0.2"}.items():
         text = text.replace(k, v)
@@ -578,6 +580,18 @@ def test_lab_template_loads():
     assert cfg.graphs[0].experiment.control_fraction == 0.2
     assert (cfg.graphs[0].access.congestion, cfg.graphs[0].origin.congestion) == ("pep_radio", "cubic")
     assert cfg.notices == (), f"the lab's template uses a deprecated key: {cfg.notices}"
+
+
+@pytest.mark.parametrize("target, want", [(50, 50), (None, radio_maps.TARGET_US // 1000)])
+def test_lab_queue_target_reaches_every_graph(target, want):
+    """pep-lab up --queue-target MS (bench responsiveness --queue-target) sets queue_target_ms on every
+    graph's access side; without it, the config's default holds."""
+    opts = argparse.Namespace(ports="80", interception="bpf", no_proxy=False, splice="both", mode="tcp",
+                              congestion="pep_radio", queue_target=target, graphs=2)
+    text = Lab("unit-queue-target", rid="abc123").render_pep(opts, run_dir="/run/peplab/abc123")
+    cfg = parse(text, "lab.toml", available_cc=CC)
+    got = [g.access.queue_target_ms for g in cfg.graphs]
+    assert got == [want, want], f"pep-lab up --queue-target {target}: graphs' queue_target_ms {got}, want {want}"
 
 
 @pytest.mark.parametrize("table, field, value, words", [
