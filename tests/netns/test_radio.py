@@ -238,13 +238,16 @@ def test_two_flows_of_a_subscriber_share_its_capacity(lab):
 
 
 def test_a_second_instance_shares_it_and_its_down_keeps_it(lab, host):
-    conf = host.config(RADIO_BASE)
+    """A second instance, its graph at a target of its own (queue_target_ms = 50): it shares the
+    registration, its graph's parameters are its own, and its down leaves the lab's alone."""
+    conf = host.config(RADIO_BASE.replace('congestion = "pep_radio"', 'congestion = "pep_radio"\nqueue_target_ms = 50'))
     lab_params = radio_maps.read_params(PINS, graph_ns(lab))
     up = host.pepctl(conf, "up")
     assert up.returncode == 0, f"second instance up: {up.stderr}\n{up.stdout[-2000:]}"
     assert f"notice: {NAME} is registered already" in up.stdout, up.stdout
     mine = netns_path(f"{host.inst}-g1")
-    assert radio_maps.read_params(PINS, mine) == {"target_us": radio_maps.TARGET_US, "flags": 0}
+    got = radio_maps.read_params(PINS, mine)
+    assert got == {"target_us": 50000, "flags": 0}, f"{PINS}/radio_params of {mine}: queue_target_ms = 50, got {got}"
     key = radio_maps.netns_key(mine)
     down = host.pepctl(conf, "down")
     assert down.returncode == 0, down.stderr
