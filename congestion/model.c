@@ -422,22 +422,13 @@ static void count(const struct radio_out *o)
 		outages++;
 }
 
-/* Delivery opportunities of the link before time `t` (the trace loops; linkem/path.c's first_opp_at
- * counts them the same way, in the emulator). */
-static __u64 opportunities_before(const struct link *l, __u64 t)
+/* Delivery opportunities of the link before time `t`, counted on from *seen (the events come in
+ * time order, so each cursor only moves on). */
+static __u64 opportunities_before(const struct link *l, size_t *seen, __u64 t)
 {
-	__u64 ms = (t % l->period_us) / 1000;
-	size_t lo = 0, hi = l->n;
-
-	while (lo < hi) {
-		size_t mid = (lo + hi) / 2;
-
-		if (l->opp[mid] < ms)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return t / l->period_us * l->n + lo;
+	while (opp_time(l, *seen) < t)
+		(*seen)++;
+	return *seen;
 }
 
 /* --sender oracle: the subscriber's window and rate from the downlink's true capacity over the
@@ -445,13 +436,14 @@ static __u64 opportunities_before(const struct link *l, __u64 t)
 #define ORACLE_AVG_US 100000ULL
 static void oracle_share(struct flow *f, __u64 now, struct radio_out *o)
 {
+	static size_t seen_from, seen_to;
 	__u64 to = now > path_rtt_us ? now - path_rtt_us : 0;
 	__u64 from = to > ORACLE_AVG_US ? to - ORACLE_AVG_US : 0;
 
 	if (to <= from)
 		return;
-	sub.rate = (opportunities_before(&down, to) - opportunities_before(&down, from)) * OPP_BYTES *
-		   1000000 / (to - from);
+	sub.rate = (opportunities_before(&down, &seen_to, to) - opportunities_before(&down, &seen_from, from)) *
+		   OPP_BYTES * 1000000 / (to - from);
 	sub.window = sub.rate * (path_rtt_us + target_us) / 1000000;
 	if (sub.window < RADIO_WINDOW_MIN_BYTES)
 		sub.window = RADIO_WINDOW_MIN_BYTES;
