@@ -306,15 +306,22 @@ static uint64_t first_opp_at(const struct path *p, uint64_t at)
 	return loop * tr->n + lo;   /* lo == n: the next period's first */
 }
 
-/* tx_done of a frame of flen bytes whose serialization may start at `start`. */
+/* A new trace starts with the first frame that meets it, whether or not the frame is then dropped:
+ * a trace whose first opportunity lies beyond limit_ms would otherwise start over with every frame
+ * and never deliver one (mahimahi's ATT-LTE-driving uplink begins 831 ms in). */
+static void trace_begin(struct path *p, uint64_t start)
+{
+	if (p->trace_of == p->cur.trace)
+		return;
+	p->trace_of = p->cur.trace;
+	p->trace_base_ns = start;
+	p->trace_k = 0;
+	p->trace_left = TRACE_MTU;
+}
+
+/* tx_done of a frame of flen bytes whose serialization may start at `start` (trace_begin first). */
 static uint64_t trace_txdone(struct path *p, uint64_t start, uint64_t flen)
 {
-	if (p->trace_of != p->cur.trace) {   /* a new trace: it starts now */
-		p->trace_of = p->cur.trace;
-		p->trace_base_ns = start;
-		p->trace_k = 0;
-		p->trace_left = TRACE_MTU;
-	}
 	if (opp_ns(p, p->trace_k) < start) {   /* idle link: the opportunities before start are gone */
 		p->trace_k = first_opp_at(p, start);
 		p->trace_left = TRACE_MTU;
@@ -353,17 +360,17 @@ static void admit(struct path *p, uint64_t t, const uint8_t *buf, uint32_t len)
 		}
 		if (lp->trace) {
 			/* The opportunities the frame would take stay free if it is dropped. */
-			uint64_t k = p->trace_k, base = p->trace_base_ns;
-			uint32_t left = p->trace_left;
-			const struct trace *of = p->trace_of;
+			uint64_t k;
+			uint32_t left;
 
+			trace_begin(p, start);
+			k = p->trace_k;
+			left = p->trace_left;
 			txdone = trace_txdone(p, start, flen);
 			wait = txdone - t;
 			if (lp->limit_ms > 0 && (double)wait > lp->limit_ms * 1e6) {
 				p->trace_k = k;
-				p->trace_base_ns = base;
 				p->trace_left = left;
-				p->trace_of = of;
 				ST_ADD(p, drop_queue, 1);
 				return;
 			}

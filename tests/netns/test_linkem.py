@@ -528,6 +528,19 @@ def test_trace_queue_limit_holds(linkem, tmp_path):
     assert statistics.median(rtts) >= floor + 30, f"the queue should be nearly full: RTTs {rtts}, floor {floor:.1f}"
 
 
+def test_trace_that_begins_beyond_the_limit_still_delivers(linkem, tmp_path):
+    """A trace whose first opportunity is 800 ms in, behind a 500 ms limit: the frame that starts it
+    is dropped, but the trace keeps running from it, so frames a little later go through. (It used to
+    start over with every dropped frame and never deliver one: mahimahi's ATT-LTE-driving uplink
+    begins 831 ms in, and a lab on it could not resolve its gateway.)"""
+    trace = write_trace(tmp_path / "late.trace", [(800, 0), (1200, 10)])
+    em = linkem(f"a2b.trace={trace}", "a2b.limit_ms=500", "delay=1")
+    rtts = ping_rtts(em.lab, count=10, interval=0.2)
+    st = em.stats()["a2b"]
+    assert len(rtts) >= 8, f"pings answered through a trace that begins 800 ms in: {len(rtts)} of 10; linkem a2b {st}"
+    assert st["drop_queue"] >= 1, f"the first frame (800 ms from its opportunity, limit 500) must be dropped: {st}"
+
+
 def test_trace_errors_name_the_file(linkem_bin, tmp_path):
     bad = tmp_path / "bad.trace"
     bad.write_text("5\n3\n")
