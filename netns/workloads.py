@@ -108,9 +108,12 @@ def one_run(lab: LabHandle, seconds: float, load: bool = True, bbr_estimates: bo
     if load:
         time.sleep(3)
         t = time.monotonic()
-        out = lab.run("client", "curl", "-s", "--parallel", "--parallel-max", "6", "-m", f"{seconds:g}",
-                      *[a for u in PAGE for a in ("-o", "/dev/null", u)], check=False, timeout=seconds + 30)
-        page_s = time.monotonic() - t if out.returncode == 0 else float("nan")
+        try:   # (-m bounds each object, not the page: on a dead link the page would outlast the run)
+            out = lab.run("client", "curl", "-s", "--parallel", "--parallel-max", "6", "-m", f"{seconds:g}",
+                          *[a for u in PAGE for a in ("-o", "/dev/null", u)], check=False, timeout=seconds + 30)
+            page_s = time.monotonic() - t if out.returncode == 0 else float("nan")
+        except subprocess.TimeoutExpired:
+            page_s = float("nan")   # not loaded within the run and its grace: as a failed load
     probed = json.loads(probe.communicate(timeout=seconds + 30)[0])
     bulk_mbps = 0.0
     if bulk is not None:
