@@ -1,6 +1,6 @@
 """How close pep_radio's law is to the best a sender at the PEP could do, on a trace profile.
 
-    python3 -m congestion.frontier [--profile 3g-trace] [--targets 20,30,50,80] [--model PATH]
+    python3 -m congestion.frontier [--profile 3g-trace|trace:PATH] [--targets 20,30,50,80] [--model PATH]
 
 Runs the model (congestion/model.c, built by `make -C congestion model`) on the profile's link
 (linkem/profiles.toml: its traces, delays, jitter and buffer) as `bench responsiveness` loads it: a
@@ -79,16 +79,22 @@ def frontier(model: str, profile: dict, targets: list[int]) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="frontier", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profile", default="3g-trace", help="a trace profile of linkem/profiles.toml")
+    ap.add_argument("--profile", default="3g-trace",
+                    help="a trace profile of linkem/profiles.toml, or trace:PATH for a recording (PATH.down and "
+                         "PATH.up, mahimahi's format, at 50 ms RTT behind 500 ms buffers)")
     ap.add_argument("--targets", default="20,30,50,80", help="queue targets, ms, comma-separated")
     ap.add_argument("--model", default=MODEL, help="the model's binary (make -C congestion model)")
     args = ap.parse_args(argv)
     known = profiles.load()
-    profile = known.get(args.profile)
+    try:
+        profile = profiles.recording(args.profile) or known.get(args.profile)
+    except profiles.ProfileError as e:
+        print(f"frontier: --profile: {e}", file=sys.stderr)
+        return 2
     if not profile or not is_trace_profile(profile):
         traced = ", ".join(n for n, p in known.items() if is_trace_profile(p))
         print(f"frontier: --profile {args.profile}: not a trace profile of linkem/profiles.toml "
-              f"(those are: {traced})", file=sys.stderr)
+              f"(those are: {traced}), nor {profiles.RECORDING_PREFIX}PATH of a recording", file=sys.stderr)
         return 2
     try:
         targets = [int(t) for t in args.targets.split(",")]

@@ -26,6 +26,7 @@ up.delay=40 (a2b./b2a. work too).
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import socket
 import sys
@@ -128,6 +129,26 @@ def profile_words(name: str | None, overrides: list[str] | tuple[str, ...] = (),
         for d in (direction,) if direction else ("a2b", "b2a"):
             per_dir[d][key] = value
     return [f"{d}.{k}={trace_path(v) if k == 'trace' else v}" for d in ("a2b", "b2a") for k, v in per_dir[d].items()]
+
+
+# A recording of one's own instead of a profile: trace:PATH is PATH.down and PATH.up (mahimahi's format)
+# at 50 ms base RTT behind 500 ms drop-tail buffers, the lab that issue 24's recorded traces were
+# measured in. bench responsiveness and congestion/frontier.py both take it.
+RECORDING_PREFIX = "trace:"
+RECORDING_LINK = {"delay": "25", "limit_ms": "500"}
+
+
+def recording(spec: str) -> dict | None:
+    """A profile (as load() gives them) for trace:PATH; None if spec is not one."""
+    if not spec.startswith(RECORDING_PREFIX):
+        return None
+    path = spec[len(RECORDING_PREFIX):]
+    for ext in ("down", "up"):
+        if not os.path.isfile(f"{path}.{ext}"):
+            raise ProfileError(f"profile {spec}: no file {path}.{ext}; give the path of a mahimahi trace pair "
+                               f"without its .down/.up (e.g. trace:mahimahi/traces/Verizon-LTE-short)")
+    return {"description": f"the recording {path}", "both": dict(RECORDING_LINK),
+            "up": {"trace": f"{path}.up"}, "down": {"trace": f"{path}.down"}}
 
 
 def trace_path(value: str) -> str:

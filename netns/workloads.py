@@ -14,6 +14,8 @@ import subprocess
 import threading
 import time
 
+from linkem import profiles as link_profiles
+
 from .addresses import ACCESS_NET4, CLIENT4, ORIGIN4, ORIGIN_URL4
 from .handle import PYTHON, REPO, LabHandle
 
@@ -29,26 +31,19 @@ def set_link(lab: LabHandle, rtt_ms: float, loss: float, rate_mbit: float) -> No
     assert proc.returncode == 0, proc.stderr
 
 
-# A profile may also be an operator's own recording: trace:PATH runs PATH.down and PATH.up (mahimahi's
-# format) at 50 ms base RTT behind 500 ms drop-tail buffers, as a radio link the profiles don't hold.
-TRACE_PREFIX = "trace:"
-TRACE_WORDS = ("delay=25", "limit_ms=500")
-
-
 def link_words(profile: str) -> list[str]:
-    """What `pep-lab link` takes for a profile: its name, or for trace:PATH the words of PATH's traces."""
-    if not profile.startswith(TRACE_PREFIX):
+    """What `pep-lab link` takes for a profile: its name, or for trace:PATH (linkem.profiles.recording)
+    the words of PATH's traces."""
+    rec = link_profiles.recording(profile)
+    if rec is None:
         return [profile]
-    path = profile[len(TRACE_PREFIX):]
-    for ext in ("down", "up"):
-        if not os.path.isfile(f"{path}.{ext}"):
-            raise ValueError(f"profile {profile}: no {path}.{ext} (a mahimahi trace)")
-    return ["none", f"down.trace={path}.down", f"up.trace={path}.up", *TRACE_WORDS]
+    return ["none", *(f"{side}.trace={rec[side]['trace']}" for side in ("down", "up")),
+            *(f"{k}={v}" for k, v in rec["both"].items())]
 
 
 def profile_label(profile: str) -> str:
     """A profile's name in a report: trace:PATH is PATH's file name."""
-    return os.path.basename(profile) if profile.startswith(TRACE_PREFIX) else profile
+    return os.path.basename(profile) if profile.startswith(link_profiles.RECORDING_PREFIX) else profile
 
 
 def set_profile(lab: LabHandle, profile: str) -> None:

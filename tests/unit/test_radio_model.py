@@ -315,3 +315,20 @@ def test_frontier_names_the_trace_profiles_for_another(model, capsys):
     assert frontier.main(["--profile", "lte", "--model", model]) == 2
     err = capsys.readouterr().err
     assert "--profile lte" in err and "3g-trace" in err, f"the error must name the value and the choices: {err}"
+
+
+def test_frontier_takes_a_recording_as_bench_responsiveness_does(model, tmp_path, capsys):
+    """--profile trace:PATH runs PATH.down and PATH.up at the recording link's delay and buffer
+    (linkem.profiles.recording, the grammar bench responsiveness takes too); a missing half of the
+    pair is an error naming the file."""
+    write_trace(tmp_path / "steady.down", constant(10, 60))
+    write_trace(tmp_path / "steady.up", constant(5, 60))
+    profile = profiles.recording(f"trace:{tmp_path / 'steady'}")
+    assert profile["both"] == profiles.RECORDING_LINK and profile["down"]["trace"] == f"{tmp_path / 'steady'}.down", \
+        profile
+    law = frontier.frontier(model, profile, [30])[0]
+    assert law["sender"] == "law" and law["of_offered"] >= 0.8, f"a steady 10 Mbit/s recording: {law}"
+    (tmp_path / "half.down").write_text("1\n")
+    assert frontier.main(["--profile", f"trace:{tmp_path / 'half'}", "--model", model]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'half'}.up" in err, f"the error must name the missing file: {err}"
