@@ -238,6 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     if bad or not any(t in PROXIED for t in transports):
         ap.error(f"--transports {args.transports}: use {', '.join(TRANSPORTS)}, with pep_radio or bbr among them")
     profiles = [p for p in args.profiles.split(",") if p]
+    try:   # every profile checked before any lab is up: a typo fails at once, not after an hour of runs
+        for profile in profiles:
+            name, *overrides = link_words(profile)
+            link_profiles.profile_words(name, overrides)
+    except link_profiles.ProfileError as e:
+        ap.error(f"--profiles: {e}")
     command = "./scripts/bench responsiveness " + " ".join(sys.argv[1:] if argv is None else argv)
     with ExitStack() as stack:
         target = ["--queue-target", str(args.queue_target)] if args.queue_target else []

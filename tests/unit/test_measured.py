@@ -135,3 +135,14 @@ def test_responsiveness_without_e2e_leaves_its_bars_unjudged():
     assert got["p95_within_bar"] is True and got["goodput_bar"] is None and got["meets_all"] is None, got
     assert responsiveness.bars_text(got) == "yes/-/-"
     assert responsiveness.favoured([{"verdicts": {"pep_radio": got}}], ["pep_radio"]) == "pep_radio"
+
+
+@pytest.mark.parametrize("profiles, named", [("lte-trace,nope", "'nope'"),
+                                             ("trace:/nonexistent/rec", "/nonexistent/rec.down")])
+def test_responsiveness_refuses_an_unknown_profile_before_any_lab(profiles, named, capsys):
+    """A profile that is neither in linkem/profiles.toml nor a recording that exists is refused at
+    once, naming it (and no lab comes up: main exits in argument parsing, before labs())."""
+    with pytest.raises(SystemExit) as e:
+        responsiveness.main(["--profiles", profiles])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--profiles" in err and named in err, err
