@@ -9,8 +9,10 @@ at each queue target: the law, and the model's oracle, which sets the window fro
 capacity one round trip ago (every delivery opportunity, used or not: what no real sender sees).
 Each figure is the mean over four starts into the trace, as goodput over end-to-end CUBIC's (and
 over what the trace offered, which compares with the lab's table) and request p95 over the floor's:
-the two bars of issue 24 (bench/responsiveness.py has them); a last row gives CUBIC's own. The
-oracle's row is the frontier: a target where even it misses a bar is a pair of bars no law at the
+the two bars of issue 24 (bench/responsiveness.py has them), and the p95 of the radio queue's
+delay (sampled every 10 ms, thousands of samples where the requests are a few hundred: steadier,
+for comparing laws whose request p95 lies within a run's spread); a last row gives CUBIC's own.
+The oracle's row is the frontier: a target where even it misses a bar is a pair of bars no law at the
 PEP meets on that trace (in the model).
 
 This is a tuning aid built on the model, not a measurement: `bench responsiveness` measures.
@@ -63,17 +65,20 @@ def frontier(model: str, profile: dict, targets: list[int]) -> list[dict]:
     for sender in ("law", "oracle"):
         for target in targets:
             extra = ("--target", str(target), *page, *(("--sender", "oracle") if sender == "oracle" else ()))
-            goodput = offered = p95 = 0.0
+            goodput = offered = p95 = queue = 0.0
             for o in OFFSETS_S:
                 got, (cubic, idle) = run(model, profile, o, *extra), base[o]
                 goodput += got["goodput_mbps"] / cubic["goodput_mbps"]
                 offered += got["goodput_mbps"] / got["offered_mbps"]
                 p95 += got["p95_ms"] - idle["p95_ms"]
+                queue += got["wait_p95_ms"]
             rows.append({"sender": sender, "target_ms": target, "goodput_over_cubic": goodput / len(OFFSETS_S),
-                         "of_offered": offered / len(OFFSETS_S), "p95_over_idle_ms": p95 / len(OFFSETS_S)})
+                         "of_offered": offered / len(OFFSETS_S), "p95_over_idle_ms": p95 / len(OFFSETS_S),
+                         "queue_p95_ms": queue / len(OFFSETS_S)})
     cubic_share = sum(c["goodput_mbps"] / c["offered_mbps"] for c, _ in base.values()) / len(OFFSETS_S)
     rows.append({"sender": "cubic", "target_ms": 0, "goodput_over_cubic": 1.0, "of_offered": cubic_share,
-                 "p95_over_idle_ms": sum(c["p95_ms"] - i["p95_ms"] for c, i in base.values()) / len(OFFSETS_S)})
+                 "p95_over_idle_ms": sum(c["p95_ms"] - i["p95_ms"] for c, i in base.values()) / len(OFFSETS_S),
+                 "queue_p95_ms": sum(c["wait_p95_ms"] for c, _ in base.values()) / len(OFFSETS_S)})
     return rows
 
 
@@ -106,11 +111,12 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     print(f"{args.profile}: mean of {len(OFFSETS_S)} starts, {SECONDS} s each")
-    print(f"{'sender':8} {'target ms':>9} {'goodput / CUBIC':>15} {'of offered':>10} {'p95 over idle ms':>16}")
+    print(f"{'sender':8} {'target ms':>9} {'goodput / CUBIC':>15} {'of offered':>10} {'p95 over idle ms':>16} "
+          f"{'queue p95 ms':>12}")
     for r in frontier(args.model, profile, targets):
         target = r["target_ms"] or "-"
         print(f"{r['sender']:8} {target:>9} {r['goodput_over_cubic']:>15.2f} {r['of_offered']:>10.2f} "
-              f"{r['p95_over_idle_ms']:>+16.0f}")
+              f"{r['p95_over_idle_ms']:>+16.0f} {r['queue_p95_ms']:>12.0f}")
     return 0
 
 
