@@ -55,11 +55,17 @@ P95_OVER_IDLE_DEFAULT_MS = 150.0
 GOODPUT_OVER_E2E = 0.85
 
 
+def link_params(profile: str) -> dict[str, str]:
+    """linkem's parameters for a profile (or trace:PATH), by direction: {"b2a.trace": ..., ...}.
+    ProfileError for a name linkem/profiles.toml lacks or a recording whose files are missing."""
+    name, *overrides = link_words(profile)
+    return dict(w.split("=", 1) for w in link_profiles.profile_words(name, overrides))
+
+
 def offered_mbps(profile: str, seconds: float) -> float | None:
     """What the profile's downlink can carry over the first `seconds` of a run: a trace's 1500-byte
     opportunities (the trace starts over with the run and loops), or its fixed rate; None: no limit."""
-    name, *overrides = link_words(profile)
-    words = dict(w.split("=", 1) for w in link_profiles.profile_words(name, overrides))
+    words = link_params(profile)
     trace, rate = words.get("b2a.trace"), words.get("b2a.rate")
     if trace and trace != "none":
         with open(trace) as f:
@@ -240,8 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     profiles = [p for p in args.profiles.split(",") if p]
     try:   # every profile checked before any lab is up: a typo fails at once, not after an hour of runs
         for profile in profiles:
-            name, *overrides = link_words(profile)
-            link_profiles.profile_words(name, overrides)
+            link_params(profile)
     except link_profiles.ProfileError as e:
         ap.error(f"--profiles: {e}")
     command = "./scripts/bench responsiveness " + " ".join(sys.argv[1:] if argv is None else argv)
