@@ -372,6 +372,21 @@ static void arm_rto(struct flow *f, __u32 id, __u64 now)
 	push(now + rto_us(f), EV_RTO, id, f->rto_gen, 0);
 }
 
+/* The kernel's CA_EVENT_TX_START: the flow sends with nothing in flight (radio.bpf.c). What it has to
+ * send is all of its object: the model's server writes it at once. */
+static void flow_tx_start(struct flow *f, __u64 now)
+{
+	__u32 min_rtt = radio_known_min_rtt(&sub);
+	struct radio_out o;
+
+	if (!radio_on_tx_start(&sub, &f->rf, now, (f->total - f->nxt) * MSS, min_rtt ? min_rtt : f->srtt, MSS, &o))
+		return;
+	f->cwnd = o.cwnd;
+	f->pacing = o.pacing;
+	if (f->next_send < now)
+		f->next_send = now;
+}
+
 static void try_send(struct flow *f, __u32 id, __u64 now)
 {
 	while (f->out < f->cwnd && !(f->bulk && now >= end_us)) {
@@ -385,6 +400,8 @@ static void try_send(struct flow *f, __u32 id, __u64 now)
 			}
 			return;
 		}
+		if (!f->out && !f->lost_pending && f->nxt < f->total && !sender_cubic)
+			flow_tx_start(f, now);
 		if (f->lost_pending) {
 			for (seq = f->una; seq < f->nxt && f->state[seq] != PKT_LOST; seq++)
 				;

@@ -245,15 +245,29 @@ void BPF_PROG(radio_cong_control, struct sock *sk, __u32 ack, int flag, const st
 SEC("struct_ops")
 void BPF_PROG(radio_cwnd_event, struct sock *sk, enum tcp_ca_event event)
 {
+	struct tcp_sock *tp = (struct tcp_sock *)sk;
 	struct radio_sub_key key;
+	struct radio_out out;
 	struct radio_sub *sub;
+	__u32 min_rtt;
 
-	if (event != CA_EVENT_LOSS)    /* the retransmission timer fired (tcp_enter_loss) */
+	/* CA_EVENT_LOSS: the retransmission timer fired (tcp_enter_loss). CA_EVENT_TX_START: the
+	 * first segment goes out with nothing in flight (tcp_event_data_sent, before the rest of what
+	 * the window lets out): what was written and not yet sent is what the flow has to send. */
+	if (event != CA_EVENT_LOSS && event != CA_EVENT_TX_START)
 		return;
 	key_of(sk, &key);
 	sub = bpf_map_lookup_elem(&radio_subs, &key);
-	if (sub)
-		radio_on_rto(sub, ((struct tcp_sock *)sk)->tcp_mstamp);
+	if (!sub)
+		return;
+	if (event == CA_EVENT_LOSS) {
+		radio_on_rto(sub, tp->tcp_mstamp);
+		return;
+	}
+	min_rtt = radio_known_min_rtt(sub);
+	if (radio_on_tx_start(sub, flow_of(sk), tp->tcp_mstamp, tp->write_seq - tp->snd_nxt, min_rtt ? min_rtt : srtt_us(tp),
+			      tp->mss_cache, &out))
+		apply(sk, &out);
 }
 
 SEC("struct_ops")

@@ -305,6 +305,40 @@ static inline void radio_start(struct radio_sub *sub, struct radio_flow *f, __u6
 	radio_share(sub, min_rtt ? min_rtt : srtt_us, mss, 1, f, out);
 }
 
+/* A flow begins to send with nothing of its own in flight: a new flow's first data, or a keep-alive
+ * connection's next object. Its window is what the subscriber's window has room for now, not what
+ * its last ACK (or its handshake) left it, and no more than what it has to send (`unsent` bytes, at
+ * least RADIO_CWND_MIN packets); what it has to send, up to that window, counts as in flight at
+ * once. A flow's flight otherwise counts only from its first ACK, a round trip on: flows that began
+ * together each saw the whole room, and each sent a window it had been given while idle (lab,
+ * Verizon-LTE-short: a page's six connections got their next objects within a millisecond and sent
+ * 39 packets each beside the download's 59, 305 packets in flight against a window of 78: the
+ * radio's queue went to its 500 ms limit). Returns 0, and leaves `out` alone, when the flow has
+ * packets counted in flight already (a retransmission after a timeout). */
+static inline int radio_on_tx_start(struct radio_sub *sub, struct radio_flow *f, __u64 now_us, __u64 unsent,
+				    __u32 min_rtt_us, __u32 mss, struct radio_out *out)
+{
+	__u64 about = mss ? (unsent + mss - 1) / mss : 0;
+	__u64 most = (about > RADIO_CWND_MIN ? about : RADIO_CWND_MIN) * mss;
+
+	if (f->in_flight || !f->has_sub)
+		return 0;
+	__builtin_memset(out, 0, sizeof(*out));
+	/* Nothing of the subscriber's was in flight: the silence until now was its own, no pause of the
+	 * link (radio_on_ack measures a pause from the last ACK, with data in flight). */
+	if (sub->inflight <= 0 && (__s64)(now_us - sub->last_rx_us) > 0)
+		sub->last_rx_us = now_us;
+	/* (Joining, unless it counted itself among the bulk flows of the last window.) */
+	radio_share(sub, min_rtt_us, mss, f->window_id != sub->window_id, f, out);
+	if ((__u64)out->cwnd * mss > most)
+		radio_share_of(most, min_rtt_us, mss, out);
+	if (about > out->cwnd)
+		about = out->cwnd;
+	__sync_fetch_and_add(&sub->inflight, (__s64)about * mss);
+	f->in_flight = (__u32)about;
+	return 1;
+}
+
 /* A flow ends: what it had in flight leaves its subscriber's count. */
 static inline void radio_stop(struct radio_sub *sub, struct radio_flow *f, __u32 mss)
 {
@@ -500,6 +534,11 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 	int in_flight_before = f->in_flight || sub->inflight > 0;
 	__u32 known = radio_known_min_rtt(sub);
 	__u32 base_rtt = known ? known : a->srtt_us;     /* the minimum RTT, or the socket's guess before one */
+	/* A flow's first ACK with a timestamp sets its uplink base: how long the uplink held that one is
+	 * unknown, and so is when the subscriber sent it. It neither ends a pause nor dates the last ACK
+	 * heard (an uplink's stall would read as a pause: a short flow's first flight counts as in flight
+	 * from its first packet, radio_on_tx_start). */
+	int dated = f->has_up || !a->tsval;
 	__u64 held = radio_uplink_hold(f, a);
 	__u64 rx = a->now_us - held;                     /* when the subscriber sent this ACK */
 	__u32 sample_qd = ~0U;
@@ -514,7 +553,7 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 		__sync_fetch_and_add(&sub->inflight, ((__s64)a->packets_out - (__s64)f->in_flight) * a->mss);
 	f->in_flight = a->packets_out;
 
-	if (in_flight_before && (__s64)(rx - sub->last_rx_us) >= (__s64)radio_pause_us(known)) {
+	if (dated && in_flight_before && (__s64)(rx - sub->last_rx_us) >= (__s64)radio_pause_us(known)) {
 		/* The link resumed after a pause, an outage when it was long (counted
 		 * once per subscriber: another flow's ACK would have ended the gap).
 		 * A pause is the subscriber's: it received nothing (an uplink that held
@@ -563,7 +602,7 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 	if (!min_rtt)
 		min_rtt = a->srtt_us;
 	sub->last_ack_us = a->now_us;
-	if ((__s64)(rx - sub->last_rx_us) > 0)
+	if (dated && (__s64)(rx - sub->last_rx_us) > 0)
 		sub->last_rx_us = rx;
 	f->last_rx_us = rx;
 	__sync_fetch_and_add(&sub->win_delivered, a->acked_bytes);

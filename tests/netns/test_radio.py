@@ -237,6 +237,30 @@ def test_two_flows_of_a_subscriber_share_its_capacity(lab):
     assert sum(got) * 8 / 10 / 1e6 >= 0.8 * 20 * 1448 / 1514, f"together they used the link: {got} bytes in 10 s"
 
 
+def test_connections_that_begin_together_share_the_window_from_their_first_packet(lab):
+    """A 3 s download over a 10 Mbit/s, 50 ms link leaves the subscriber a window of about 100 KB;
+    then six connections of a page each fetch 100 KB at once. Each counts its first flight as it
+    sends it (CA_EVENT_TX_START), so together they keep about the target of queue. Counted only from
+    their first ACKs, each saw the whole window free and sent it: 60 ms of queue on average (checked)."""
+    set_link(lab, "none", "delay=25", "down.rate=10M", "up.rate=10M", "limit_ms=500")
+    try:
+        download(lab, "1g", "-m", "3", cut=True)
+        avg0, n0 = link_queue(lab)
+        urls = [word for i in range(6) for word in ("-o", "/dev/null", f"http://{ORIGIN}/100k?page{i}")]
+        proc = lab.run("client", "curl", "-sS", "--parallel", "--parallel-max", "6", "-m", "10", *urls,
+                       timeout=20, check=False)
+        avg1, n1 = link_queue(lab)
+    finally:
+        set_link(lab, "none")
+    assert proc.returncode == 0, f"curl --parallel, six 100 KB objects: exit {proc.returncode} {proc.stderr}"
+    assert n1 - n0 >= 6 * 100_000 // 1514, f"the page's frames on linkem's count: {n1 - n0}"
+    mean = (avg1 * n1 - avg0 * n0) / (n1 - n0)
+    target_ms = radio_maps.TARGET_US / 1000
+    assert mean <= 1.5 * target_ms, \
+        f"six connections beginning at once: their frames waited {mean:.1f} ms on average (linkem), target " \
+        f"{target_ms} ms"
+
+
 def test_a_second_instance_shares_it_and_its_down_keeps_it(lab, host):
     """A second instance, its graph at a target of its own (queue_target_ms = 50): it shares the
     registration, its graph's parameters are its own, and its down leaves the lab's alone."""
