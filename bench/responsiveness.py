@@ -29,6 +29,7 @@ target than the config's default (what a graph's queue_target_ms would give, on 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import statistics
@@ -80,10 +81,20 @@ def offered_mbps(profile: str, seconds: float) -> float | None:
     return None
 
 
+def page_median(times: list[float]) -> float:
+    """The median page load over runs, a page that did not load (NaN: workloads.one_run) counted as
+    slower than any that did; NaN when none was loaded (the idle floor loads none). A NaN in the
+    list made the median itself NaN, and e2e's NaN then made every transport "worse than e2e"."""
+    if all(math.isnan(t) for t in times):
+        return float("nan")
+    return median([math.inf if math.isnan(t) else t for t in times])
+
+
 def summarize(samples: list[dict]) -> dict:
     """Goodput and page load: medians over runs. Request times: percentiles of every run's requests
     together (a p99 of one run's 100 requests is its second-worst; of 500, its fifth)."""
-    out = {k: median([r[k] for r in samples]) for k in ("bulk_mbps", "page_s")}
+    out = {"bulk_mbps": median([r["bulk_mbps"] for r in samples]),
+           "page_s": page_median([r["page_s"] for r in samples])}
     out.update(small_percentiles([x for r in samples for _, x in r["small_series"]]))
     out["small_failed"] = sum(r["small_failed"] for r in samples)
     estimates = [x for r in samples for x in r.get("bbr_bw_mbps", [])]

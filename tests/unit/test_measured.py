@@ -11,6 +11,7 @@ index does not know.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -135,6 +136,21 @@ def test_responsiveness_without_e2e_leaves_its_bars_unjudged():
     assert got["p95_within_bar"] is True and got["goodput_bar"] is None and got["meets_all"] is None, got
     assert responsiveness.bars_text(got) == "yes/-/-"
     assert responsiveness.favoured([{"verdicts": {"pep_radio": got}}], ["pep_radio"]) == "pep_radio"
+
+
+def test_a_page_that_did_not_load_counts_as_the_slowest():
+    """One of end-to-end's five pages did not load (NaN): its median is the third of the others and
+    the failure, not NaN, and a transport whose pages all loaded faster is not worse than it (with
+    NaN, every comparison failed). Pages loaded by none: NaN (the idle floor's)."""
+    def sample(page):
+        return {"bulk_mbps": 3.0, "page_s": page, "small_failed": 0,
+                "small_series": [[i * 0.2, (100 + i) / 1000] for i in range(20)]}
+    runs = {"idle": [sample(float("nan"))] * 5, "pep_radio": [sample(p) for p in (8.8, 8.5, 9.9, 8.7, 8.6)],
+            "e2e": [sample(p) for p in (11.1, 9.9, float("nan"), 11.9, 30.1)]}
+    med = {m: responsiveness.summarize(s) for m, s in runs.items()}
+    assert med["e2e"]["page_s"] == 11.9 and math.isnan(med["idle"]["page_s"]), med
+    assert responsiveness.verdicts("drive-trace", med, 6.9)["pep_radio"]["never_worse_than_e2e"] is True
+    assert responsiveness.page_median([float("nan"), float("nan"), 5.0]) == math.inf
 
 
 @pytest.mark.parametrize("profiles, named", [("lte-trace,nope", "'nope'"),
