@@ -321,15 +321,20 @@ static inline int radio_on_tx_start(struct radio_sub *sub, struct radio_flow *f,
 	__u64 about = mss ? (unsent + mss - 1) / mss : 0;
 	__u64 most = (about > RADIO_CWND_MIN ? about : RADIO_CWND_MIN) * mss;
 
-	if (f->in_flight || !f->has_sub)
+	/* A flow that counted itself among the bulk flows of the last window or of this one (window_id
+	 * 0: never) is no newcomer: a download whose ACKs covered all it had sent, between two of a
+	 * link's grants, keeps the window its last ACK gave it. Its socket may hold less than a window
+	 * unsent just then (the proxy refills it once the ACK has freed room): capped to that, it lost a
+	 * tenth of its goodput on the 3G and drive traces. */
+	if (f->in_flight || !f->has_sub ||
+	    (f->window_id && (f->window_id == sub->window_id || f->window_id == sub->window_id + 1)))
 		return 0;
 	__builtin_memset(out, 0, sizeof(*out));
 	/* Nothing of the subscriber's was in flight: the silence until now was its own, no pause of the
 	 * link (radio_on_ack measures a pause from the last ACK, with data in flight). */
 	if (sub->inflight <= 0 && (__s64)(now_us - sub->last_rx_us) > 0)
 		sub->last_rx_us = now_us;
-	/* (Joining, unless it counted itself among the bulk flows of the last window.) */
-	radio_share(sub, min_rtt_us, mss, f->window_id != sub->window_id, f, out);
+	radio_share(sub, min_rtt_us, mss, 1, f, out);
 	if ((__u64)out->cwnd * mss > most)
 		radio_share_of(most, min_rtt_us, mss, out);
 	if (about > out->cwnd)
