@@ -376,10 +376,9 @@ static void arm_rto(struct flow *f, __u32 id, __u64 now)
  * send is all of its object: the model's server writes it at once. */
 static void flow_tx_start(struct flow *f, __u64 now)
 {
-	__u32 min_rtt = radio_known_min_rtt(&sub);
 	struct radio_out o;
 
-	if (!radio_on_tx_start(&sub, &f->rf, now, (f->total - f->nxt) * MSS, min_rtt ? min_rtt : f->srtt, MSS, &o))
+	if (!radio_on_tx_start(&sub, &f->rf, now, (f->total - f->nxt) * MSS, f->srtt, MSS, &o))
 		return;
 	f->cwnd = o.cwnd;
 	f->pacing = o.pacing;

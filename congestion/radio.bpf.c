@@ -249,7 +249,6 @@ void BPF_PROG(radio_cwnd_event, struct sock *sk, enum tcp_ca_event event)
 	struct radio_sub_key key;
 	struct radio_out out;
 	struct radio_sub *sub;
-	__u32 min_rtt;
 
 	/* CA_EVENT_LOSS: the retransmission timer fired (tcp_enter_loss). CA_EVENT_TX_START: the
 	 * first segment goes out with nothing in flight (tcp_event_data_sent, before the rest of what
@@ -264,8 +263,7 @@ void BPF_PROG(radio_cwnd_event, struct sock *sk, enum tcp_ca_event event)
 		radio_on_rto(sub, tp->tcp_mstamp);
 		return;
 	}
-	min_rtt = radio_known_min_rtt(sub);
-	if (radio_on_tx_start(sub, flow_of(sk), tp->tcp_mstamp, tp->write_seq - tp->snd_nxt, min_rtt ? min_rtt : srtt_us(tp),
+	if (radio_on_tx_start(sub, flow_of(sk), tp->tcp_mstamp, tp->write_seq - tp->snd_nxt, srtt_us(tp),
 			      tp->mss_cache, &out))
 		apply(sk, &out);
 }

@@ -26,7 +26,9 @@
  *     queue is over the target (or unseen), or a retransmission timer while
  *     ACKs keep coming (radio_end_window, radio_on_rto).
  *   - The flows together never have more in flight than the window: each
- *     gets its share, but no more than the others leave (radio_share).
+ *     gets its share, but no more than the others leave (radio_share), and
+ *     a flow that begins to send counts what it sends at once, not from its
+ *     first ACK (radio_on_tx_start).
  *   - Every 10 s the window drains the queue for a round trip, so every flow
  *     sees its floor again; sooner when the law is blind: its only flows
  *     began beside others' data and give no samples until a drain.
@@ -314,10 +316,13 @@ static inline void radio_start(struct radio_sub *sub, struct radio_flow *f, __u6
  * Verizon-LTE-short: a page's six connections got their next objects within a millisecond and sent
  * 39 packets each beside the download's 59, 305 packets in flight against a window of 78: the
  * radio's queue went to its 500 ms limit). Returns 0, and leaves `out` alone, when the flow has
- * packets counted in flight already (a retransmission after a timeout). */
+ * packets counted in flight already (a retransmission after a timeout) or is a download of the last
+ * windows. srtt_us: the socket's, until the subscriber has a minimum RTT (as radio_start). */
 static inline int radio_on_tx_start(struct radio_sub *sub, struct radio_flow *f, __u64 now_us, __u64 unsent,
-				    __u32 min_rtt_us, __u32 mss, struct radio_out *out)
+				    __u32 srtt_us, __u32 mss, struct radio_out *out)
 {
+	__u32 known = radio_known_min_rtt(sub);
+	__u32 min_rtt_us = known ? known : srtt_us;
 	__u64 about = mss ? (unsent + mss - 1) / mss : 0;
 	__u64 most = (about > RADIO_CWND_MIN ? about : RADIO_CWND_MIN) * mss;
 

@@ -241,7 +241,7 @@ def test_connections_that_begin_together_share_the_window_from_their_first_packe
     """A 3 s download over a 10 Mbit/s, 50 ms link leaves the subscriber a window of about 100 KB;
     then six connections of a page each fetch 100 KB at once. Each counts its first flight as it
     sends it (CA_EVENT_TX_START), so together they keep about the target of queue. Counted only from
-    their first ACKs, each saw the whole window free and sent it: 60 ms of queue on average (checked)."""
+    their first ACKs, each saw the whole window free and sent it: 60-81 ms of queue on average (checked)."""
     set_link(lab, "none", "delay=25", "down.rate=10M", "up.rate=10M", "limit_ms=500")
     try:
         download(lab, "1g", "-m", "3", cut=True)
