@@ -56,29 +56,40 @@ def run(model: str, profile: dict, offset: int, *extra: str) -> dict:
     return json.loads(proc.stdout)
 
 
+class NothingToCompare(Exception):
+    """End-to-end CUBIC delivered nothing in any start: the trace offers too little there for a ratio."""
+
+
 def frontier(model: str, profile: dict, targets: list[int]) -> list[dict]:
-    """Per sender and target: mean goodput over CUBIC's and request p95 over the floor's (ms)."""
+    """Per sender and target: mean goodput over CUBIC's and request p95 over the floor's (ms), over the
+    starts where CUBIC delivered something (a recording may hold minutes of a dead link: a start inside
+    them has no ratio). Every row names those starts."""
     page = ("--page", str(PAGE_AT_S))
     base = {o: (run(model, profile, o, "--sender", "cubic", *page), run(model, profile, o, "--idle"))
             for o in OFFSETS_S}
+    starts = [o for o in OFFSETS_S if base[o][0]["goodput_mbps"] > 0]
+    if not starts:
+        raise NothingToCompare(f"end-to-end CUBIC delivered nothing in any start ({', '.join(map(str, OFFSETS_S))} s "
+                               f"into the trace, {SECONDS} s each): the link is down there; nothing to compare")
     rows = []
     for sender in ("law", "oracle"):
         for target in targets:
             extra = ("--target", str(target), *page, *(("--sender", "oracle") if sender == "oracle" else ()))
             goodput = offered = p95 = queue = 0.0
-            for o in OFFSETS_S:
+            for o in starts:
                 got, (cubic, idle) = run(model, profile, o, *extra), base[o]
                 goodput += got["goodput_mbps"] / cubic["goodput_mbps"]
                 offered += got["goodput_mbps"] / got["offered_mbps"]
                 p95 += got["p95_ms"] - idle["p95_ms"]
                 queue += got["wait_p95_ms"]
-            rows.append({"sender": sender, "target_ms": target, "goodput_over_cubic": goodput / len(OFFSETS_S),
-                         "of_offered": offered / len(OFFSETS_S), "p95_over_idle_ms": p95 / len(OFFSETS_S),
-                         "queue_p95_ms": queue / len(OFFSETS_S)})
-    cubic_share = sum(c["goodput_mbps"] / c["offered_mbps"] for c, _ in base.values()) / len(OFFSETS_S)
-    rows.append({"sender": "cubic", "target_ms": 0, "goodput_over_cubic": 1.0, "of_offered": cubic_share,
-                 "p95_over_idle_ms": sum(c["p95_ms"] - i["p95_ms"] for c, i in base.values()) / len(OFFSETS_S),
-                 "queue_p95_ms": sum(c["wait_p95_ms"] for c, _ in base.values()) / len(OFFSETS_S)})
+            rows.append({"sender": sender, "target_ms": target, "goodput_over_cubic": goodput / len(starts),
+                         "of_offered": offered / len(starts), "p95_over_idle_ms": p95 / len(starts),
+                         "queue_p95_ms": queue / len(starts), "starts": starts})
+    kept = [base[o] for o in starts]
+    rows.append({"sender": "cubic", "target_ms": 0, "goodput_over_cubic": 1.0,
+                 "of_offered": sum(c["goodput_mbps"] / c["offered_mbps"] for c, _ in kept) / len(kept),
+                 "p95_over_idle_ms": sum(c["p95_ms"] - i["p95_ms"] for c, i in kept) / len(kept),
+                 "queue_p95_ms": sum(c["wait_p95_ms"] for c, _ in kept) / len(kept), "starts": starts})
     return rows
 
 
@@ -110,10 +121,18 @@ def main(argv: list[str]) -> int:
         print(f"frontier: --model {args.model}: no such program; build it: make -C congestion model",
               file=sys.stderr)
         return 2
-    print(f"{args.profile}: mean of {len(OFFSETS_S)} starts, {SECONDS} s each")
+    try:
+        rows = frontier(args.model, profile, targets)
+    except NothingToCompare as e:
+        print(f"frontier: --profile {args.profile}: {e}", file=sys.stderr)
+        return 2
+    starts = rows[0]["starts"]
+    left_out = [o for o in OFFSETS_S if o not in starts]
+    print(f"{args.profile}: mean of {len(starts)} starts, {SECONDS} s each" +
+          (f" (at {', '.join(map(str, left_out))} s in, CUBIC delivered nothing: left out)" if left_out else ""))
     print(f"{'sender':8} {'target ms':>9} {'goodput / CUBIC':>15} {'of offered':>10} {'p95 over idle ms':>16} "
           f"{'queue p95 ms':>12}")
-    for r in frontier(args.model, profile, targets):
+    for r in rows:
         target = r["target_ms"] or "-"
         print(f"{r['sender']:8} {target:>9} {r['goodput_over_cubic']:>15.2f} {r['of_offered']:>10.2f} "
               f"{r['p95_over_idle_ms']:>+16.0f} {r['queue_p95_ms']:>12.0f}")

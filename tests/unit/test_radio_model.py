@@ -348,3 +348,21 @@ def test_frontier_takes_a_recording_as_bench_responsiveness_does(model, tmp_path
     assert frontier.main(["--profile", f"trace:{tmp_path / 'half'}", "--model", model]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'half'}.up" in err, f"the error must name the missing file: {err}"
+
+
+def test_frontier_leaves_out_the_starts_where_the_link_is_dead(model, tmp_path, capsys):
+    """A recording may hold minutes of a dead link (mahimahi's TMobile-UMTS-driving offers 0.1 Mbit/s
+    30-75 s in): a start inside them has no goodput ratio. It is left out, and said so; with no start
+    left, the error says why and nothing is divided by zero."""
+    def up_then_dead(t: float) -> float:       # 10 Mbit/s, dead from 25 s to 80 s (a trickle)
+        return 0.01 if 25_000 <= t < 80_000 else 10
+    write_trace(tmp_path / "gap.down", rate_trace(up_then_dead, 120))
+    write_trace(tmp_path / "gap.up", constant(5, 120))
+    rows = frontier.frontier(model, profiles.recording(f"trace:{tmp_path / 'gap'}"), [30])
+    assert all(r["starts"] == [0, 15, 45] for r in rows), [r["starts"] for r in rows]
+    assert all(math.isfinite(r["goodput_over_cubic"]) for r in rows), rows
+    write_trace(tmp_path / "dead.down", [120_000])
+    write_trace(tmp_path / "dead.up", constant(5, 120))
+    assert frontier.main(["--profile", f"trace:{tmp_path / 'dead'}", "--model", model, "--targets", "30"]) == 2
+    err = capsys.readouterr().err
+    assert "delivered nothing" in err and f"trace:{tmp_path / 'dead'}" in err, err
