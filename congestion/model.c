@@ -35,6 +35,8 @@
  *     --flows N      bulk downloads of one subscriber at once (1)
  *     --join S       the second and later downloads start S seconds in, into the
  *                    queue the first one holds
+ *     --bulk-at S    the first download starts S seconds in, after the requests began
+ *                    (its handshake done then): it may begin beside their answers in flight
  *     --leave S      the first download ends S seconds in (sends nothing new, and
  *                    closes once all it sent is acknowledged)
  *     --offset S     start the traces S seconds in (they loop)
@@ -729,7 +731,7 @@ int main(int argc, char **argv)
 {
 	double seconds = 20, delay_ms = 25, limit_ms = 500, offset_s = 0, loss_pct = 0, jitter_ms = 0;
 	int idle = 0, series = 0, nbulk = 1, i;
-	double page_s = -1, join_s = 0, leave_s = 0;
+	double page_s = -1, join_s = 0, leave_s = 0, bulk_at_s = 0;
 	const char *paths[2] = {0};
 	int npaths = 0;
 	struct flow *bulk[MAX_BULK];
@@ -767,6 +769,8 @@ int main(int argc, char **argv)
 			leave_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--join") && i + 1 < argc)
 			join_s = atof(argv[++i]);
+		else if (!strcmp(argv[i], "--bulk-at") && i + 1 < argc)
+			bulk_at_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--page") && i + 1 < argc)
 			page_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--sender") && i + 1 < argc && !strcmp(argv[i + 1], "cubic") && ++i)
@@ -782,7 +786,7 @@ int main(int argc, char **argv)
 	}
 	if (npaths != 2 || nbulk < 1 || nbulk > MAX_BULK) {
 		fprintf(stderr, "usage: model [--seconds S] [--delay MS] [--limit MS] [--target MS] [--flows N] "
-			"[--offset S] [--loss P] [--jitter MS] [--no-timestamps] [--idle] [--series] [--page S] [--join S] [--leave S] [--sender cubic|oracle] "
+			"[--offset S] [--loss P] [--jitter MS] [--no-timestamps] [--idle] [--series] [--page S] [--join S] [--bulk-at S] [--leave S] [--sender cubic|oracle] "
 			"DOWN_TRACE UP_TRACE\n");
 		return 2;
 	}
@@ -812,6 +816,8 @@ int main(int argc, char **argv)
 		 * before it joins). */
 		if (i && join_s > 0)
 			push((__u64)(join_s * 1e6), EV_BULK_START, (__u32)(nflows - 1), 0, 0);
+		else if (!i && bulk_at_s > 0)
+			push((__u64)(bulk_at_s * 1e6), EV_BULK_START, (__u32)(nflows - 1), 0, 0);
 		else
 			flow_start(bulk[i], (__u32)(nflows - 1), 0, (__u32)(2 * delay_ms * 1000));
 	}
