@@ -181,10 +181,15 @@ def test_status_shows_one_line_for_it(lab):
     assert r["queue_target_seconds"] == radio_maps.TARGET_US / 1e6, r
 
 
+def link_stats(lab) -> dict:
+    """linkem's own figures of the downlink (b2a)."""
+    return control(os.path.join(lab.run_dir, "linkem.sock"), "stats")["b2a"]
+
+
 def link_queue(lab) -> tuple[float, int]:
-    """linkem's own figure of the downlink (b2a): the mean time frames waited for their delivery
+    """linkem's own figure of the downlink: the mean time frames waited for their delivery
     opportunity since it started, and how many frames that mean is over."""
-    down = control(os.path.join(lab.run_dir, "linkem.sock"), "stats")["b2a"]
+    down = link_stats(lab)
     return down["queue_delay_ms_avg"], down["queue_delay_pkts"]
 
 
@@ -239,26 +244,35 @@ def test_two_flows_of_a_subscriber_share_its_capacity(lab):
 
 def test_connections_that_begin_together_share_the_window_from_their_first_packet(lab):
     """A 3 s download over a 10 Mbit/s, 50 ms link leaves the subscriber a window of about 100 KB;
-    then six connections of a page each fetch 100 KB at once. Each counts its first flight as it
-    sends it (CA_EVENT_TX_START), so together they keep about the target of queue. Counted only from
-    their first ACKs, each saw the whole window free and sent it: 60-81 ms of queue on average (checked)."""
+    once its frames have left the link, six connections of a page each fetch 100 KB at once. Each
+    counts its first flight as it sends it (CA_EVENT_TX_START), so together they keep about the target
+    of queue. Counted only from their first ACKs, each saw the whole window free and sent it: 60-81 ms
+    of queue on average (checked). Three such pages, their frames' waits pooled: one page's mean
+    spreads from 24 to 43 ms here (CI once 48.5), what each connection's share of a window comes to."""
     set_link(lab, "none", "delay=25", "down.rate=10M", "up.rate=10M", "limit_ms=500")
+    waited, frames = 0.0, 0
     try:
-        download(lab, "1g", "-m", "3", cut=True)
-        avg0, n0 = link_queue(lab)
-        urls = [word for i in range(6) for word in ("-o", "/dev/null", f"http://{ORIGIN}/100k?page{i}")]
-        proc = lab.run("client", "curl", "-sS", "--parallel", "--parallel-max", "6", "-m", "10", *urls,
-                       timeout=20, check=False)
-        avg1, n1 = link_queue(lab)
+        for page in range(3):
+            download(lab, "1g", "-m", "3", cut=True)
+            wait_for(lambda: link_stats(lab)["queue_pkts"] == 0, timeout=5,
+                     what="the cut download's frames to leave linkem")
+            avg0, n0 = link_queue(lab)
+            urls = [word for i in range(6) for word in ("-o", "/dev/null", f"http://{ORIGIN}/100k?page{page}-{i}")]
+            proc = lab.run("client", "curl", "-sS", "--parallel", "--parallel-max", "6", "-m", "10", *urls,
+                           timeout=20, check=False)
+            assert proc.returncode == 0, \
+                f"curl --parallel, page {page}: six 100 KB objects: exit {proc.returncode} {proc.stderr}"
+            avg1, n1 = link_queue(lab)
+            assert n1 - n0 >= 6 * 100_000 // 1514, f"page {page}: its frames on linkem's count: {n1 - n0}"
+            waited += avg1 * n1 - avg0 * n0
+            frames += n1 - n0
     finally:
         set_link(lab, "none")
-    assert proc.returncode == 0, f"curl --parallel, six 100 KB objects: exit {proc.returncode} {proc.stderr}"
-    assert n1 - n0 >= 6 * 100_000 // 1514, f"the page's frames on linkem's count: {n1 - n0}"
-    mean = (avg1 * n1 - avg0 * n0) / (n1 - n0)
+    mean = waited / frames
     target_ms = radio_maps.TARGET_US / 1000
     assert mean <= 1.5 * target_ms, \
-        f"six connections beginning at once: their frames waited {mean:.1f} ms on average (linkem), target " \
-        f"{target_ms} ms"
+        f"six connections beginning at once, three pages: their {frames} frames waited {mean:.1f} ms on average " \
+        f"(linkem), target {target_ms} ms"
 
 
 def test_a_second_instance_shares_it_and_its_down_keeps_it(lab, host):
