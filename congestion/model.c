@@ -365,6 +365,10 @@ static __u32 rto_us(struct flow *f)
 	if (r < 200000)
 		r = 200000;
 	r <<= f->rto_backoff;
+	/* pep_radio's sockets back off to RADIO_RTO_MAX_MS for a silence's first retransmissions
+	 * (radio.bpf.c, shorten_backoff); the model's CUBIC is the origin's, on the kernel's timers. */
+	if (!sender_cubic && f->rto_backoff < RADIO_FAST_RETRIES && r > RADIO_RTO_MAX_MS * 1000ULL)
+		return RADIO_RTO_MAX_MS * 1000;
 	return r > 1000000 * 10 ? 10000000 : r;
 }
 

@@ -21,6 +21,11 @@ char _license[] SEC("license") = "GPL";
 
 #define AF_INET 2
 #define AF_INET6 10
+#define SOL_TCP 6
+#define TCP_USER_TIMEOUT 18
+#define TCP_RTO_MAX_MS 44            /* Linux 6.15; bpf_setsockopt takes it since then too */
+
+#define KERNEL_RTO_MIN_MS 200       /* TCP_RTO_MIN: the base of tcp_model_timeout() */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -100,6 +105,58 @@ static __always_inline __u32 srtt_us(struct tcp_sock *tp)
 	__u32 s = tp->srtt_us >> 3;
 
 	return s ? s : RADIO_SRTT_GUESS_US;
+}
+
+/* How long the kernel's own backoff (doubling from TCP_RTO_MIN up to the namespace's
+ * tcp_rto_max_ms) lets `retries` retransmissions go unanswered before it gives up on a connection:
+ * tcp_model_timeout(), tcp_retries2's patience. */
+static __always_inline __u32 kernel_patience_ms(__u32 retries, __u32 rto_max_ms)
+{
+	__u32 rto = KERNEL_RTO_MIN_MS, sum = 0, i;
+
+	for (i = 0; i <= retries && i < 256; i++) {
+		sum += rto;
+		rto = rto * 2 < rto_max_ms ? rto * 2 : rto_max_ms;
+	}
+	return sum;
+}
+
+/* A radio's outages are the access side's everyday, and the kernel's retransmission timer doubles
+ * through them toward two minutes: after a 3 s outage the first retransmission can come 1.5 s after
+ * the link is back (lab, drive-trace: every transport stalled about 2 s after its 3 s outage). The
+ * access side's sockets back off to at most RADIO_RTO_MAX_MS instead, so a flow resumes within a
+ * second of its link.
+ * The kernel counts a connection's patience in retransmissions on that backoff (tcp_retries2: 15 are
+ * 925 s at the kernel's, 14 s at a second's; an orphan's ends as soon as the backoff reaches its
+ * cap), so TCP_USER_TIMEOUT keeps the patience tcp_retries2 gives at the namespace's own backoff
+ * (tcp_rto_max_ms). And after RADIO_FAST_RETRIES retransmissions of one silence the namespace's own
+ * timers come back (radio_set_state): a subscriber who left for good costs some twenty
+ * retransmissions a flow, not one a second for a quarter of an hour. Best effort: a kernel that
+ * refuses either option (before 6.15) keeps its own timers; so does a socket whose proxy chose a
+ * TCP_USER_TIMEOUT of its own. */
+static __always_inline void shorten_backoff(struct sock *sk, struct radio_flow *f)
+{
+	struct net *net = sk->__sk_common.skc_net.net;
+	int rto_max = RADIO_RTO_MAX_MS;
+	int patience = kernel_patience_ms(net->ipv4.sysctl_tcp_retries2, net->ipv4.sysctl_tcp_rto_max_ms);
+
+	if (bpf_setsockopt(sk, SOL_TCP, TCP_USER_TIMEOUT, &patience, sizeof(patience)))
+		return;
+	if (bpf_setsockopt(sk, SOL_TCP, TCP_RTO_MAX_MS, &rto_max, sizeof(rto_max))) {
+		patience = 0;
+		bpf_setsockopt(sk, SOL_TCP, TCP_USER_TIMEOUT, &patience, sizeof(patience));
+		return;
+	}
+	f->timers = RADIO_TIMERS_SHORT;
+}
+
+static __always_inline void kernel_backoff(struct sock *sk, struct radio_flow *f)
+{
+	int rto_max = sk->__sk_common.skc_net.net->ipv4.sysctl_tcp_rto_max_ms, none = 0;
+
+	bpf_setsockopt(sk, SOL_TCP, TCP_RTO_MAX_MS, &rto_max, sizeof(rto_max));
+	bpf_setsockopt(sk, SOL_TCP, TCP_USER_TIMEOUT, &none, sizeof(none));
+	f->timers = RADIO_TIMERS_SILENT;
 }
 
 static __always_inline void apply(struct sock *sk, const struct radio_out *out)
@@ -192,6 +249,8 @@ void BPF_PROG(radio_init, struct sock *sk)
 	}
 	radio_start(sub, flow_of(sk), now, srtt_us(tp), tp->mss_cache, target, &out);
 	apply(sk, &out);
+	if (!((struct inet_connection_sock *)sk)->icsk_user_timeout)
+		shorten_backoff(sk, flow_of(sk));
 }
 
 SEC("struct_ops")
@@ -233,6 +292,15 @@ void BPF_PROG(radio_cong_control, struct sock *sk, __u32 ack, int flag, const st
 		.app_limited = rs->is_app_limited,
 	};
 
+	/* A receiver that closed its window is probed on the retransmission timer's backoff, and
+	 * tcp_retries2 probes unanswered end the connection: on a second's backoff, a subscriber whose
+	 * receive buffer was full would lose it in a tunnel of 14 s. The namespace's own timers while the
+	 * window is shut; short again once it opens, or when ACKs come after a long silence. */
+	if (!tp->snd_wnd && flow_of(sk)->timers == RADIO_TIMERS_SHORT)
+		kernel_backoff(sk, flow_of(sk));
+	else if (tp->snd_wnd && flow_of(sk)->timers == RADIO_TIMERS_SILENT)
+		shorten_backoff(sk, flow_of(sk));
+
 	key_of(sk, &key);
 	sub = bpf_map_lookup_elem(&radio_subs, &key);
 	if (!sub)
@@ -268,6 +336,19 @@ void BPF_PROG(radio_cwnd_event, struct sock *sk, enum tcp_ca_event event)
 		apply(sk, &out);
 }
 
+/* Every retransmission timeout enters TCP_CA_Loss again (tcp_enter_loss): after RADIO_FAST_RETRIES
+ * of one silence, the namespace's own timers (shorten_backoff; radio_cong_control shortens them
+ * again once ACKs come). */
+SEC("struct_ops")
+void BPF_PROG(radio_set_state, struct sock *sk, __u8 new_state)
+{
+	struct radio_flow *f = flow_of(sk);
+
+	if (new_state == TCP_CA_Loss && f->timers == RADIO_TIMERS_SHORT &&
+	    ((struct inet_connection_sock *)sk)->icsk_retransmits >= RADIO_FAST_RETRIES)
+		kernel_backoff(sk, f);
+}
+
 SEC("struct_ops")
 __u32 BPF_PROG(radio_ssthresh, struct sock *sk)
 {
@@ -287,6 +368,7 @@ struct tcp_congestion_ops pep_radio = {
 	.release = (void *)radio_release,
 	.cong_control = (void *)radio_cong_control,
 	.cwnd_event = (void *)radio_cwnd_event,
+	.set_state = (void *)radio_set_state,
 	.ssthresh = (void *)radio_ssthresh,
 	.undo_cwnd = (void *)radio_undo_cwnd,
 	.name = RADIO_NAME,

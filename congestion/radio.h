@@ -34,6 +34,8 @@
 #define RADIO_SILENCE_US 100000            /* ... this long, and two round trips: the link paused (radio_pause_us) */
 #define RADIO_DELACK_US 40000             /* a receiver's delayed-ACK timer, at least (Linux: TCP_DELACK_MIN) */
 #define RADIO_EPOCH_US 10000000            /* "subscribers active" counts those heard in one epoch */
+#define RADIO_RTO_MAX_MS 1000              /* the retransmission timer's longest backoff (the least the kernel takes) */
+#define RADIO_FAST_RETRIES 20              /* ... for this many retransmissions of one silence (about 20 s) */
 
 /* radio_params: HASH, key __u32 (the graph namespace's inode number).
  * Written by pepctl up for every graph whose access side runs pep_radio. A
@@ -99,8 +101,12 @@ struct radio_flow {
 	__u8 has_up;                       /* up_base is set */
 	__u8 delacks;                      /* the peer acknowledges two packets at once: it delays ACKs */
 	__u8 proven;                       /* its owd_base has seen the queue empty: its samples count */
-	__u8 pad[3];
+	__u8 timers;                       /* RADIO_TIMERS_*: whose retransmission timers it runs on */
+	__u8 pad[2];
 };
+#define RADIO_TIMERS_KERNEL 0              /* radio_flow.timers: the kernel's own */
+#define RADIO_TIMERS_SHORT 1               /* ... backoff capped at RADIO_RTO_MAX_MS, patience kept */
+#define RADIO_TIMERS_SILENT 2              /* ... the kernel's again: a long silence, or a shut window */
 _Static_assert(sizeof(struct radio_flow) <= 104, "radio_flow must fit in icsk_ca_priv (13 x u64)");
 
 /* radio_stats: HASH, key __u32 (graph namespace inode), value struct

@@ -28,6 +28,8 @@ TARGET_US = 30000                   # RADIO_TARGET_US: a graph's queue delay tar
 EPOCH_US = 10_000_000               # RADIO_EPOCH_US: "subscribers active" counts one epoch
 STALE_US = 30_000_000               # RADIO_STALE_US: a subscriber's state older than this starts over
 OUTAGE_US = 250_000                 # RADIO_OUTAGE_US
+RTO_MAX_MS = 1000                   # RADIO_RTO_MAX_MS: the access side's longest retransmission backoff
+FAST_RETRIES = 20                   # RADIO_FAST_RETRIES: ... for this many retransmissions of a silence
 # Bucket i counts the samples above bound i-1 and at most bound i; a bound of 0 is +Inf and
 # closes the list (the exporter makes them cumulative).
 QDELAY_BOUNDS_US = (5000, 10000, 20000, 40000, 80000, 160000, 320000, 640000, 0)   # RADIO_QDELAY_BOUNDS_US

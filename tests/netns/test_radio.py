@@ -275,6 +275,98 @@ def test_connections_that_begin_together_share_the_window_from_their_first_packe
         f"(linkem), target {target_ms} ms"
 
 
+OUTAGE_READER = """
+import socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)   # no autotuning: its window shuts when full
+s.connect(("{origin}", 80))
+s.sendall(b"GET /1g HTTP/1.1\\r\\nHost: origin\\r\\n\\r\\n")
+time.sleep({sleep})
+s.settimeout(5)
+got, end = 0, time.monotonic() + 5
+try:
+    while time.monotonic() < end:
+        chunk = s.recv(65536)
+        if not chunk:
+            sys.exit(f"closed by the proxy after {{got}} bytes")
+        got += len(chunk)
+except OSError as e:
+    sys.exit(f"{{e!r}} after {{got}} bytes")
+print(got)
+"""
+
+
+def outage_trace(tmp_path, start_s: int, end_s: int) -> list[str]:
+    """pep-lab link words for a 12 Mbit/s link both ways (one delivery a ms) that stops both ways
+    from start_s to end_s after it is set, 50 ms RTT, 500 ms buffers."""
+    for way in ("down", "up"):
+        (tmp_path / f"outage.{way}").write_text("".join(f"{ms}\n" for ms in range(end_s * 1000 + 15_000)
+                                                        if not start_s * 1000 <= ms < end_s * 1000))
+    return ["none", "delay=25", f"down.trace={tmp_path}/outage.down", f"up.trace={tmp_path}/outage.up", "limit_ms=500"]
+
+
+def retransmit_timers(lab) -> list[tuple[int, int]]:
+    """The retransmission timers of the graph's sockets toward the subscriber, as `ss -to` shows
+    them: (ms left, retransmissions so far) of each socket whose timer is "on". ss writes the time
+    as [Mmin][S. or Ssec][mmmms]: 840ms, 1.800ms (1.8 s), 2sec, 2min5sec."""
+    out = subprocess.run(["nsenter", f"--net={graph_ns(lab)}", "ss", "-tnoH", "dst", CLIENT], capture_output=True,
+                         text=True, check=True).stdout
+    timers = re.findall(r"timer:\(on,(?:(\d+)min)?(?:(\d+)(?:sec|\.))?(?:(\d+)ms)?,(\d+)\)", out)
+    return [(int(m or 0) * 60_000 + int(sec or 0) * 1000 + int(ms or 0), int(n)) for m, sec, ms, n in timers]
+
+
+def test_a_download_retries_every_second_through_an_outage_and_keeps_its_connection(lab, tmp_path):
+    """A download over a link that stops both ways for 25 s, 3 s in (a trace: a 12 Mbit/s link with
+    nothing from 3 s to 28 s). The access side's socket retransmits at least once a second through the
+    outage's first twenty retransmissions (the kernel's own backoff would be at 3.2 s by the fifth),
+    then backs off as the kernel does (a subscriber who left costs no retransmission a second for
+    long); and the connection outlives the outage (on a backoff of a second, tcp_retries2's 15
+    retransmissions would have given up after 14 s) and carries the download on."""
+    set_link(lab, *outage_trace(tmp_path, 3, 28))
+    started = time.monotonic()
+    curl = lab.popen("client", "curl", "-sS", "-o", "/dev/null", "-m", "34", f"http://{ORIGIN}/1g")
+    try:
+        seen = []
+        while time.monotonic() - started < 27.5:
+            seen += [(round(time.monotonic() - started, 1), ms, n) for ms, n in retransmit_timers(lab)]
+            time.sleep(0.2)
+        frames_after = link_stats(lab)["out_pkts"]
+        _, err = curl.communicate(timeout=20)
+        frames_after = link_stats(lab)["out_pkts"] - frames_after
+    finally:
+        if curl.poll() is None:
+            curl.kill()
+            curl.wait()
+        set_link(lab, "none")
+    fast = [(t, ms, n) for t, ms, n in seen if 1 <= n < radio_maps.FAST_RETRIES]
+    assert any(n >= 5 for _, _, n in fast), f"no socket toward {CLIENT} retransmitted five times in the outage: {seen}"
+    slow = [(t, ms, n) for t, ms, n in fast if ms > radio_maps.RTO_MAX_MS]
+    assert not slow, f"retransmission timers above {radio_maps.RTO_MAX_MS} ms in the outage's first " \
+        f"{radio_maps.FAST_RETRIES} retransmissions (s in, ms left, retransmissions): {slow}"
+    assert curl.returncode == 28, \
+        f"curl through a 25 s outage: exit {curl.returncode} (28: cut by its time limit) {err}"
+    assert frames_after > 1000, f"after the outage the download went on: {frames_after} frames down"
+    late = [ms for _, ms, n in seen if n > radio_maps.FAST_RETRIES]
+    assert late and max(late) > radio_maps.RTO_MAX_MS, \
+        f"after {radio_maps.FAST_RETRIES} retransmissions the kernel's backoff should be back: {seen[-10:]}"
+
+
+def test_a_connection_with_its_window_shut_outlives_an_outage(lab, tmp_path):
+    """A client that does not read (its receive buffer full, its window shut) while its link stops for
+    20 s: the proxy probes the window on the retransmission timer's backoff, and tcp_retries2's 15
+    probes unanswered end the connection. On the access side's short backoff (a second) that was
+    after 14 s; while the window is shut its sockets run on the kernel's own timers, so the client
+    reads the rest of the download once the link is back."""
+    set_link(lab, *outage_trace(tmp_path, 4, 24))
+    try:
+        reader = lab.run("client", PYTHON, "-c", OUTAGE_READER.format(origin=ORIGIN, sleep=26), timeout=45,
+                         check=False)
+    finally:
+        set_link(lab, "none")
+    assert reader.returncode == 0, f"a client with its window shut through a 20 s outage: {reader.stderr.strip()}"
+    assert int(reader.stdout) > 1_000_000, f"it read {reader.stdout.strip()} bytes in the 5 s after the outage"
+
+
 def test_a_second_instance_shares_it_and_its_down_keeps_it(lab, host):
     """A second instance, its graph at a target of its own (queue_target_ms = 50): it shares the
     registration, its graph's parameters are its own, and its down leaves the lab's alone."""
