@@ -159,6 +159,20 @@ static __always_inline void kernel_backoff(struct sock *sk, struct radio_flow *f
 	f->timers = RADIO_TIMERS_SILENT;
 }
 
+/* Per ACK. A receiver that closed its window is probed on the retransmission timer's backoff, and
+ * tcp_retries2 probes unanswered end the connection: on a second's backoff, a subscriber whose
+ * receive buffer was full would lose it in a tunnel of 14 s. The namespace's own timers while the
+ * window is shut; short again once it opens, or when ACKs come after a long silence. */
+static __always_inline void backoff_on_ack(struct sock *sk, struct radio_flow *f)
+{
+	__u32 wnd = ((struct tcp_sock *)sk)->snd_wnd;
+
+	if (!wnd && f->timers == RADIO_TIMERS_SHORT)
+		kernel_backoff(sk, f);
+	else if (wnd && f->timers == RADIO_TIMERS_SILENT)
+		shorten_backoff(sk, f);
+}
+
 static __always_inline void apply(struct sock *sk, const struct radio_out *out)
 {
 	((struct tcp_sock *)sk)->snd_cwnd = out->cwnd;
@@ -292,15 +306,7 @@ void BPF_PROG(radio_cong_control, struct sock *sk, __u32 ack, int flag, const st
 		.app_limited = rs->is_app_limited,
 	};
 
-	/* A receiver that closed its window is probed on the retransmission timer's backoff, and
-	 * tcp_retries2 probes unanswered end the connection: on a second's backoff, a subscriber whose
-	 * receive buffer was full would lose it in a tunnel of 14 s. The namespace's own timers while the
-	 * window is shut; short again once it opens, or when ACKs come after a long silence. */
-	if (!tp->snd_wnd && flow_of(sk)->timers == RADIO_TIMERS_SHORT)
-		kernel_backoff(sk, flow_of(sk));
-	else if (tp->snd_wnd && flow_of(sk)->timers == RADIO_TIMERS_SILENT)
-		shorten_backoff(sk, flow_of(sk));
-
+	backoff_on_ack(sk, flow_of(sk));
 	key_of(sk, &key);
 	sub = bpf_map_lookup_elem(&radio_subs, &key);
 	if (!sub)
@@ -337,7 +343,7 @@ void BPF_PROG(radio_cwnd_event, struct sock *sk, enum tcp_ca_event event)
 }
 
 /* Every retransmission timeout enters TCP_CA_Loss again (tcp_enter_loss): after RADIO_FAST_RETRIES
- * of one silence, the namespace's own timers (shorten_backoff; radio_cong_control shortens them
+ * of one silence, the namespace's own timers (shorten_backoff; backoff_on_ack shortens them
  * again once ACKs come). */
 SEC("struct_ops")
 void BPF_PROG(radio_set_state, struct sock *sk, __u8 new_state)
