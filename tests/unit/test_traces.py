@@ -28,13 +28,14 @@ TRACES = [(link, d) for link in make_traces.LINKS for d in make_traces.DIRECTION
 PROFILES = {"lte": "lte-trace", "5g": "5g-trace", "3g": "3g-trace", "drive": "drive-trace"}
 
 # Statistic: (low, high) per rate class. Real LTE/UMTS traces: the share of active ms with several
-# packets 0.23-0.46 (4-6 Mbit/s) and 0.59-0.82 (13-17 Mbit/s); packets per active ms 1.37-1.70
-# and 2.55-5.07; gap percentiles 1-6 / 4-16 / 12-54 ms; 100 ms CV 0.59-1.22; the step from one
-# 100 ms bin to the next, over the mean, 0.12-0.46 (median) and 0.38-1.61 (90th percentile).
-STEPS = {"step_100ms_p50": (0.1, 0.35), "step_100ms_p90": (0.35, 1.0)}
+# packets 0.23-0.46 (4-6 Mbit/s) and 0.59-0.82 (13-17 Mbit/s), 0.11 on the UMTS uplink (1 Mbit/s);
+# packets per active ms 1.37-1.70 and 2.55-5.07, 1.14 on the UMTS uplink; gap percentiles 1-10 /
+# 4-20 / 12-54 ms; 100 ms CV 0.53-1.22; the step from one 100 ms bin to the next, over the mean,
+# 0.12-0.46 (median) and 0.38-1.61 (90th percentile).
+STEPS = {"step_100ms_p50": (0.1, 0.35), "step_100ms_p90": (0.3, 1.0)}
 SLOW, MID, FAST = "slow (< 4 Mbit/s)", "mid (4-12 Mbit/s)", "fast (> 12 Mbit/s)"
 BANDS = {
-    SLOW: {"multi": (0.15, 0.5), "per_active": (1.2, 2.0), "gap_p50": (2, 12), "gap_p90": (8, 45),
+    SLOW: {"multi": (0.08, 0.5), "per_active": (1.1, 2.0), "gap_p50": (2, 12), "gap_p90": (8, 45),
            "gap_p99": (25, 130), "cv_100ms": (0.5, 1.3), **STEPS},
     MID: {"multi": (0.2, 0.65), "per_active": (1.3, 3.5), "gap_p50": (1, 3), "gap_p90": (5, 16),
           "gap_p99": (15, 60), "cv_100ms": (0.5, 1.3), **STEPS},
