@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -26,11 +27,27 @@ if not os.path.exists(PYTHON):
     PYTHON = sys.executable
 
 
+def stop_on_sigterm() -> None:
+    """Make SIGTERM unwind this process as Ctrl-C does, so the `with` blocks that hold labs take them down.
+
+    Python dies of SIGTERM without running `finally` or `__exit__`: a benchmark stopped by `kill` left its
+    labs' namespaces, linkem, HAProxy, nginx and pins behind. A handler someone else installed is kept.
+    """
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+
 class LabHandle:
     """A running lab: run commands in its nodes, read its status."""
 
     @classmethod
     def up(cls, name: str, options: list[str]) -> LabHandle:
+        stop_on_sigterm()
         env = {**os.environ, "PEP_LAB": name}
         proc = subprocess.run([PEP_LAB, "up", *options], env=env, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
