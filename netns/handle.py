@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -16,7 +15,7 @@ from netns.configs import one_graph, second_graph, toml_text
 from netns.lab import node_netns
 from pepctl import config as configmod
 from pepctl.names import in_netns
-from pepctl.runner import Journal, wait_for
+from pepctl.runner import Journal, stop_on_sigterm, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEP_LAB = os.path.join(REPO, "scripts", "pep-lab")
@@ -27,31 +26,29 @@ if not os.path.exists(PYTHON):
     PYTHON = sys.executable
 
 
-def stop_on_sigterm() -> None:
-    """Make SIGTERM unwind this process as Ctrl-C does, so the `with` blocks that hold labs take them down.
-
-    Python dies of SIGTERM without running `finally` or `__exit__`: a benchmark stopped by `kill` left its
-    labs' namespaces, linkem, HAProxy, nginx and pins behind. A handler someone else installed is kept.
-    """
-    if threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _interrupt)
-
-
-def _interrupt(signum: int, frame) -> None:
-    raise KeyboardInterrupt(f"stopped by signal {signum}")
-
-
 class LabHandle:
     """A running lab: run commands in its nodes, read its status."""
 
     @classmethod
     def up(cls, name: str, options: list[str]) -> LabHandle:
-        stop_on_sigterm()
+        stop_on_sigterm()     # a benchmark or test run stopped by `kill` takes its labs down
         env = {**os.environ, "PEP_LAB": name}
-        proc = subprocess.run([PEP_LAB, "up", *options], env=env, capture_output=True, text=True, timeout=300)
+        proc = subprocess.Popen([PEP_LAB, "up", *options], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            out, err = proc.communicate(timeout=300)
+        except BaseException:
+            # Stopped (or out of time) while the lab is being built, and no `with` holds it yet. SIGTERM
+            # lets `pep-lab up` roll back what it made, its pepctl's instance with it (a SIGKILL, what
+            # subprocess.run sends, would orphan a running `pepctl up`); `down` then takes what is left.
+            proc.terminate()
+            try:
+                proc.communicate(timeout=120)
+            finally:
+                subprocess.run([PEP_LAB, "down"], env=env, capture_output=True, timeout=120)
+            raise
         if proc.returncode != 0:
-            raise RuntimeError(f"pep-lab up {' '.join(options)} failed: {proc.stderr}\n{proc.stdout[-2000:]}")
+            raise RuntimeError(f"pep-lab up {' '.join(options)} failed: {err}\n{out[-2000:]}")
         return cls(name)
 
     def down(self) -> None:

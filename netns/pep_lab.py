@@ -7,12 +7,15 @@ import argparse
 import os
 import sys
 
+from pepctl import runner
+
 from .cluster import HOSTS_MAX, ClusterLab
 from .engines import ENGINES, MINRELAY
 from .lab import DEFAULT_CONGESTION, MAX_GRAPHS, Lab, lab_name
 
 
 def main(argv: list[str] | None = None) -> int:
+    runner.stop_on_sigterm()   # a stopped `up` rolls back what it made, as a failed one does
     ap = argparse.ArgumentParser(prog="pep-lab", description="the one-host lab of the PEP appliance")
     sub = ap.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="build the lab and bring the proxy host up with pepctl")

@@ -24,7 +24,7 @@ from . import upgrade as upgrade_mod
 from .config.rules import RuleError, parse_rule, parse_rules_file
 from .lock import InstanceLock, LockBusy
 from .names import CRASH_LOG
-from .runner import JOURNAL_FORMAT, Journal, StepError, apply, undo_all
+from .runner import JOURNAL_FORMAT, Journal, StepError, apply, stop_on_sigterm, undo_all
 
 DEFAULT_CONFIG = "/etc/pep/pep.toml"
 
@@ -547,6 +547,7 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
         print(f"pepctl {args.command}: must run as root (it changes namespaces, links and BPF maps)",
               file=sys.stderr)
         return 1
+    stop_on_sigterm()   # (supervise and the exporter install handlers of their own)
     try:
         return COMMANDS[args.command][0](args, out)
     except KeyboardInterrupt:

@@ -23,6 +23,7 @@ import os
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -449,6 +450,20 @@ def apply(steps: list[Step], journal: Journal, *, log: Callable[[str], None] = p
             log(f"  rollback: {e}")
         raise
     return ran
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM unwind this process as Ctrl-C does (KeyboardInterrupt), so `apply` rolls back what it
+    made and `with` blocks run their exits. Python dies of SIGTERM without either: an `up` stopped by
+    systemd's start timeout, or by `kill`, left its half-built instance for the next `up` or `down` to
+    undo. A handler someone else installed is kept; only the main thread can install one."""
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt(f"stopped by signal {signum}")
 
 
 def undo_all(journal: Journal, *, log: Callable[[str], None] = print) -> list[str]:

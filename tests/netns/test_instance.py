@@ -128,9 +128,9 @@ KILL_AFTER = [
 ]
 
 
-def kill_up_after(host, conf, line_start: str | None, delay: float = 0.0) -> str:
-    """Runs `pepctl up`, SIGKILLs it delay s after it prints a line starting with line_start
-    (None: delay s after it starts); returns what it printed."""
+def kill_up_after(host, conf, line_start: str | None, delay: float = 0.0, sig: int = signal.SIGKILL) -> str:
+    """Runs `pepctl up`, sends it sig (SIGKILL) delay s after it prints a line starting with line_start
+    (None: delay s after it starts); returns what it printed, to its end."""
     proc = subprocess.Popen(host.argv(conf, "up"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = []
     try:
@@ -145,8 +145,8 @@ def kill_up_after(host, conf, line_start: str | None, delay: float = 0.0) -> str
             else:
                 pytest.fail(f"`up` ended before printing {line_start!r}: {''.join(out)[-2000:]}")
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        proc.send_signal(sig)
+        out.append(proc.communicate()[0])
     return "".join(out)
 
 
@@ -164,6 +164,20 @@ def test_kill_9_of_up_then_down_leaves_nothing(host, line_start, delay):
     # The kernel destroys a deleted namespace's links in the background: poll.
     wait_for(lambda: host.snapshot() == before, timeout=10,
              what=f"the host as before `up` (got {host.snapshot()}, expected {before})")
+
+
+@pytest.mark.parametrize("line_start", ["load the flow program", "links, addresses and routes of graph g2",
+                                        "attach flow_ingress and flow_egress to c_in and s_in of"])
+def test_sigterm_of_up_rolls_back_by_itself(host, line_start):
+    """SIGTERM (systemd's start timeout, `kill`) stops `up` as Ctrl-C does: it undoes what it made and
+    says so, with no `down` needed (before, it died at once and left the half-built instance)."""
+    conf = host.config(BASE + SECOND_GRAPH)
+    before = host.snapshot()
+    printed = kill_up_after(host, conf, line_start, sig=signal.SIGTERM)
+    assert "rolling back what was made" in printed and "interrupted" in printed, \
+        f"up, SIGTERM after {line_start!r}: expected a rollback and `interrupted`, got: {printed[-1500:]}"
+    wait_for(lambda: host.snapshot() == before, timeout=10,
+             what=f"the host as before `up`, with no `down` (got {host.snapshot()}, expected {before})")
 
 
 def test_up_after_a_killed_up_undoes_it_first_and_comes_up(host):

@@ -1,21 +1,26 @@
-"""A process that holds a lab (a benchmark, a test run) takes it down when it is told to stop.
+"""A lab comes down when what built it is told to stop: a process that holds one (a benchmark, a test
+run), one stopped while its lab is being built, and `pep-lab up` itself.
 
-How right is told from wrong: a child process brings a lab up through LabHandle, says so, and
-sleeps; the test sends it SIGTERM, as `kill` and a CI timeout do, and then looks for what the lab
-made: its namespaces (pl<rid>-*), its folder under /run/peplab and its journal. Python dies of
-SIGTERM without unwinding, and before netns.handle.stop_on_sigterm all of them stayed.
+How right is told from wrong: the test sends SIGTERM, as `kill` and a CI timeout do, and then looks
+for what the lab made: its namespaces (pl<rid>-*), its folder under /run/peplab and its journal.
+Python dies of SIGTERM without unwinding, and before pepctl.runner.stop_on_sigterm all of them
+stayed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
 import subprocess
 import sys
 
-from netns.handle import REPO, LabHandle
+import pytest
+
+from netns.handle import PEP_LAB, REPO, LabHandle
 from pepctl.names import netns_path
+from pepctl.runner import wait_for
 
 HOLD = """
 import sys, time
@@ -42,9 +47,71 @@ def test_a_process_told_to_stop_takes_its_lab_down():
             proc.kill()
             proc.wait()
             LabHandle(name).down()
+    assert_gone(name, rid, f"after SIGTERM to its holder (exit {code})")
+
+
+def leftovers(name: str, rid: str) -> list[str]:
+    """What is left of lab `name`: its namespaces, folder and journal, and its proxy host's pepctl
+    instance (pl<rid>: pins, the host's register of instances, its processes)."""
     left = [ns for ns in os.listdir("/run/netns") if ns.startswith(f"pl{rid}-")] if os.path.isdir("/run/netns") else []
-    left += [p for p in (f"/run/peplab/{rid}", f"/run/peplab/{name}.json") if os.path.exists(p)]
+    left += [p for p in (f"/run/peplab/{rid}", f"/run/peplab/{name}.json", f"/sys/fs/bpf/pl{rid}",
+                         f"/run/pep-instances/pl{rid}.json") if os.path.exists(p)]
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+    return left + [line.strip() for line in ps if f"/run/peplab/{rid}/" in line]
+
+
+def assert_gone(name: str, rid: str, when: str) -> None:
+    left = leftovers(name, rid)
     if os.path.exists(f"/run/peplab/{name}.json"):
         LabHandle(name).down()      # a failure still leaves the machine as it found it
-    assert not left, f"lab {name} (run {rid}) after SIGTERM to its holder (exit {code}): expected nothing, " \
-                     f"got {left}"
+    assert not left, f"lab {name} (run {rid}) {when}: expected nothing, got {left}"
+
+
+# What shows a lab half built: its first namespace, or its proxy host's `pepctl up` under way (the
+# instance registered on the host, pepctl/register.py), whose own rollback is then part of the lab's.
+PHASES = {"namespaces": lambda rid: netns_path(f"pl{rid}-client"),
+          "pepctl up": lambda rid: f"/run/pep-instances/pl{rid}.json"}
+
+
+def building(name: str, phase: str) -> str:
+    """Wait until lab `name` is being built, as far as `phase`; its run id."""
+    def run_id() -> str | None:
+        try:     # the journal's first line names the run; it may be half written
+            with open(f"/run/peplab/{name}.json") as f:
+                return json.loads(f.readline())["meta"]["rid"]
+        except (OSError, ValueError, KeyError):
+            return None
+
+    rid = wait_for(run_id, timeout=60, what=f"lab {name}'s journal")
+    wait_for(lambda: os.path.exists(PHASES[phase](rid)), timeout=60, what=PHASES[phase](rid), interval=0.005)
+    return rid
+
+
+def stop_while_building(argv: list[str], name: str, phase: str) -> tuple[str, int, str]:
+    """Run argv, which builds lab `name`; SIGTERM it once the build is as far as `phase`. The lab's run id,
+    the exit status and what it printed."""
+    proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PEP_LAB": name, "PYTHONPATH": REPO},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        rid = building(name, phase)
+        proc.send_signal(signal.SIGTERM)
+        printed = proc.communicate(timeout=180)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return rid, proc.returncode, printed
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_pep_lab_up_told_to_stop_rolls_its_lab_back(phase):
+    name = f"t{secrets.token_hex(3)}"
+    rid, code, printed = stop_while_building([PEP_LAB, "up"], name, phase)
+    assert_gone(name, rid, f"after SIGTERM to `pep-lab up` in {phase} (exit {code}): {printed[-800:]}")
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_process_stopped_while_its_lab_is_built_takes_it_down(phase):
+    name = f"t{secrets.token_hex(3)}"
+    rid, code, printed = stop_while_building([sys.executable, "-c", HOLD, name], name, phase)
+    assert_gone(name, rid, f"after SIGTERM to its holder in {phase} (exit {code}): {printed[-800:]}")
