@@ -44,8 +44,10 @@ class LabHandle:
             proc.terminate()
             try:
                 proc.communicate(timeout=120)
-            finally:
-                subprocess.run([PEP_LAB, "down"], env=env, capture_output=True, timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            subprocess.run([PEP_LAB, "down"], env=env, capture_output=True, timeout=120)
             raise
         if proc.returncode != 0:
             raise RuntimeError(f"pep-lab up {' '.join(options)} failed: {err}\n{out[-2000:]}")
