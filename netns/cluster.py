@@ -296,6 +296,10 @@ class ClusterLab(Lab):
         try:
             runner.apply(self.host_steps(i, i, opts), journal)
         except Exception as e:
+            if journal.undo:
+                print(f"pep-lab add-host: {e}\n"
+                      f"{runner.rollback_left(journal, f'`PEP_LAB={self.name} pep-lab down`')}", file=sys.stderr)
+                return 1
             journal.remove()
             print(f"pep-lab add-host: {e}\nhost {i} was rolled back; the lab is as it was", file=sys.stderr)
             return 1

@@ -15,7 +15,7 @@ from netns.configs import one_graph, second_graph, toml_text
 from netns.lab import node_netns
 from pepctl import config as configmod
 from pepctl.names import in_netns
-from pepctl.runner import Journal, stop_on_sigterm, wait_for
+from pepctl.runner import Journal, interrupts_held, stop_child, stop_on_sigterm, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEP_LAB = os.path.join(REPO, "scripts", "pep-lab")
@@ -41,13 +41,10 @@ class LabHandle:
             # Stopped (or out of time) while the lab is being built, and no `with` holds it yet. SIGTERM
             # lets `pep-lab up` roll back what it made, its pepctl's instance with it (a SIGKILL, what
             # subprocess.run sends, would orphan a running `pepctl up`); `down` then takes what is left.
-            proc.terminate()
-            try:
-                proc.communicate(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            subprocess.run([PEP_LAB, "down"], env=env, capture_output=True, timeout=120)
+            # A second signal must not cut that short (subprocess.run would SIGKILL the `down`).
+            with interrupts_held():
+                stop_child(proc, timeout=120)
+                subprocess.run([PEP_LAB, "down"], env=env, capture_output=True, timeout=120)
             raise
         if proc.returncode != 0:
             raise RuntimeError(f"pep-lab up {' '.join(options)} failed: {err}\n{out[-2000:]}")
@@ -62,7 +59,8 @@ class LabHandle:
         return self
 
     def __exit__(self, *exc):
-        self.down()
+        with interrupts_held():   # a holder told to stop takes its lab down to the end
+            self.down()
 
     def __init__(self, name: str):
         self.name = name

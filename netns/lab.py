@@ -304,17 +304,27 @@ class Lab:
             return 0
         if self.journal.exists:
             print(f"lab {self.name}: a previous `up` did not finish; undoing it first")
-            runner.undo_all(self.journal)
+            errors = runner.undo_all(self.journal)
+            if errors:
+                print("pep-lab up: could not undo the previous attempt:\n  " + "\n  ".join(errors)
+                      + f"\n{self.rollback_left()}", file=sys.stderr)
+                return 1
         self.journal.start({"rid": self.rid, "options": vars(opts)})
         print(f"lab {self.name}: building run {self.rid}")
         try:
             runner.apply(self.steps(opts), self.journal)
         except Exception as e:
+            if self.journal.undo:
+                print(f"pep-lab up: {e}\n{self.rollback_left()}", file=sys.stderr)
+                return 1
             self.forget()
             print(f"pep-lab up: {e}\nthe lab was rolled back; nothing is left", file=sys.stderr)
             return 1
         except BaseException:
-            self.forget()
+            if self.journal.undo:
+                print(f"pep-lab up: interrupted\n{self.rollback_left()}", file=sys.stderr)
+            else:
+                self.forget()
             raise
         self.journal.mark_complete()
         self.print_topology()
@@ -332,6 +342,9 @@ class Lab:
         self.forget()
         print(f"lab {self.name} (run {self.rid}) is down")
         return 0
+
+    def rollback_left(self) -> str:
+        return runner.rollback_left(self.journal, f"`PEP_LAB={self.name} pep-lab down`")
 
     def forget(self) -> None:
         try:

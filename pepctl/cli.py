@@ -24,7 +24,7 @@ from . import upgrade as upgrade_mod
 from .config.rules import RuleError, parse_rule, parse_rules_file
 from .lock import InstanceLock, LockBusy
 from .names import CRASH_LOG
-from .runner import JOURNAL_FORMAT, Journal, StepError, apply, stop_on_sigterm, undo_all
+from .runner import JOURNAL_FORMAT, Journal, StepError, apply, rollback_left, stop_on_sigterm, undo_all
 
 DEFAULT_CONFIG = "/etc/pep/pep.toml"
 
@@ -197,11 +197,17 @@ def cmd_up(args, out) -> int:
         try:
             apply(steps, journal, log=lambda m: print(m, file=out))
         except (StepError, OSError) as e:
+            if journal.undo:
+                print(f"pepctl up: {e}\n{rollback_left(journal, '`pepctl down`')}", file=sys.stderr)
+                return 1
             _forget(cfg, journal, lock)
             print(f"pepctl up: {e}\nnothing is left of this attempt", file=sys.stderr)
             return 1
         except BaseException:
-            _forget(cfg, journal, lock)
+            if journal.undo:
+                print(f"pepctl up: interrupted\n{rollback_left(journal, '`pepctl down`')}", file=sys.stderr)
+            else:
+                _forget(cfg, journal, lock)
             raise
         journal.mark_complete()
     print(f"instance {cfg.host.instance} is up: {len(cfg.graphs)} graph(s)", file=out)

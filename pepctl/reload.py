@@ -52,6 +52,7 @@ from .runner import (
     apply,
     read_pid,
     remove_file,
+    rollback_left,
     run,
     undo_all,
     wait_for,
@@ -323,8 +324,7 @@ def reload(cfg: Config, info: HostInfo, journal: Journal, config_text: str, dige
         if not left:
             rj.remove()
         print(f"pepctl reload: {e}\n" + ("rolled back: the instance runs its previous config, every graph as it was"
-                                          if not left else "the rollback left undo steps in "
-                                          f"{n.reload_journal}: run `pepctl reload` again to retry them"),
+                                          if not left else rollback_left(rj, "`pepctl reload` again")),
               file=sys.stderr)
         return 1
     rj.mark_complete()

@@ -26,6 +26,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -445,25 +446,71 @@ def apply(steps: list[Step], journal: Journal, *, log: Callable[[str], None] = p
             if notice:
                 log(f"  notice: {notice}")
     except BaseException:
-        log("failed: rolling back what was made")
-        for e in undo_all(journal, log=log):
-            log(f"  rollback: {e}")
+        with interrupts_held():
+            log("failed: rolling back what was made")
+            for e in undo_all(journal, log=log):
+                log(f"  rollback: {e}")
         raise
     return ran
 
 
+@contextmanager
+def interrupts_held():
+    """While a rollback (or a teardown) runs, SIGINT and SIGTERM wait: the command is unwinding already,
+    and a rollback cut short leaves a half-built state whose journal its caller may no longer keep. A
+    second signal is common: `kill` of a process group reaches `pep-lab up` and the benchmark that holds
+    it, which then sends its own SIGTERM (netns/handle.py), so a lab was left with its namespaces, pins
+    and linkem running and no journal to take them down. The signals that came are dropped when it
+    ends: the command is on its way out. SIGKILL still stops it. A handler, not SIG_IGN, which the
+    rollback's own commands would inherit. Only the main thread handles signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {s: signal.signal(s, _dropped) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in held.items():
+            signal.signal(s, handler)
+
+
 def stop_on_sigterm() -> None:
     """Make SIGTERM unwind this process as Ctrl-C does (KeyboardInterrupt), so `apply` rolls back what it
-    made and `with` blocks run their exits. Python dies of SIGTERM without either: an `up` stopped by
-    systemd's start timeout, or by `kill`, left its half-built instance for the next `up` or `down` to
-    undo. A handler someone else installed is kept; only the main thread can install one."""
+    made and `with` blocks run their exits; SIGTERMs after the first are dropped while it does. Python
+    dies of SIGTERM without either: an `up` stopped by systemd's start timeout, or by `kill`, left its
+    half-built instance for the next `up` or `down` to undo. A handler someone else installed is kept;
+    only the main thread can install one."""
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _interrupt)
 
 
+def stop_child(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM a child this process started (by its Popen, never by name), give it `timeout` s to end,
+    reading its pipes so a full one cannot hold it, then SIGKILL it; reaped either way."""
+    proc.terminate()
+    try:
+        proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+
+
+def rollback_left(journal: Journal, retry: str) -> str:
+    """What a command says when its rollback could not undo everything: the journal keeps what is left,
+    and `retry` (a command, in backquotes) tries it again."""
+    return f"the rollback left {len(journal.undo)} undo step(s) in {journal.path}: run {retry} to retry them"
+
+
 def _interrupt(signum: int, frame) -> None:
+    # Told once: the process unwinds (rollbacks, `with` exits), and a second SIGTERM must not cut that
+    # short before apply's rollback holds it (interrupts_held). SIGKILL still stops it.
+    signal.signal(signal.SIGTERM, _dropped)
     raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+
+def _dropped(signum: int, frame) -> None:
+    pass
 
 
 def undo_all(journal: Journal, *, log: Callable[[str], None] = print) -> list[str]:

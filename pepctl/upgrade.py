@@ -74,6 +74,7 @@ from .runner import (
     exchange,
     remove_dir,
     remove_file,
+    rollback_left,
     run,
     run_json,
     undo_all,
@@ -632,8 +633,7 @@ def upgrade(cfg: Config, info: HostInfo, journal: Journal, out) -> int:
             uj.remove()
         raise StepError(f"{e}\n" + ("rolled back: the instance runs as before the upgrade (its datapath, routes, "
                                      "sysctls and HAProxy's config; the supervisor and exporter of this pepctl "
-                                     "stay)" if not left else f"the rollback left undo steps in {n.upgrade_journal}: "
-                                     "run `pepctl upgrade` again to retry them")) from None
+                                     "stay)" if not left else rollback_left(uj, "`pepctl upgrade` again"))) from None
     build_entries = [e for e in (s.undo_entry() for s in plan.build(cfg, info)) if e is not None]
     meta = {**journal.meta, "format": JOURNAL_FORMAT, "datapath": plan.datapath_digest(cfg),
             "build": build_digest(cfg),

@@ -1,10 +1,10 @@
 """A lab comes down when what built it is told to stop: a process that holds one (a benchmark, a test
 run), one stopped while its lab is being built, and `pep-lab up` itself.
 
-How right is told from wrong: the test sends SIGTERM, as `kill` and a CI timeout do, and then looks
-for what the lab made: its namespaces (pl<rid>-*), its folder under /run/peplab and its journal.
-Python dies of SIGTERM without unwinding, and before pepctl.runner.stop_on_sigterm all of them
-stayed.
+How right is told from wrong: the test sends SIGTERM, as `kill` and a CI timeout do (to one process, or
+to its whole process group), and then looks for what the lab made: its namespaces (pl<rid>-*), its
+folder under /run/peplab and its journal. Python dies of SIGTERM without unwinding, and before
+pepctl.runner.stop_on_sigterm all of them stayed.
 """
 
 from __future__ import annotations
@@ -76,14 +76,18 @@ def building(name: str, phase: str) -> str:
     return rid
 
 
-def stop_while_building(argv: list[str], name: str, phase: str) -> tuple[str, int, str]:
-    """Run argv, which builds lab `name`; SIGTERM it once the build is as far as `phase`. The lab's run id,
-    the exit status and what it printed."""
+def stop_while_building(argv: list[str], name: str, phase: str, group: bool = False) -> tuple[str, int, str]:
+    """Run argv, which builds lab `name`; SIGTERM it (with `group`, its whole process group, as a shell's
+    job control, systemd and CI runners do) once the build is as far as `phase`. The lab's run id, the
+    exit status and what it printed."""
     proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PEP_LAB": name, "PYTHONPATH": REPO},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=group)
     try:
         rid = building(name, phase)
-        proc.send_signal(signal.SIGTERM)
+        if group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
         printed = proc.communicate(timeout=180)[0]
     finally:
         if proc.poll() is None:
@@ -104,3 +108,39 @@ def test_a_process_that_holds_a_lab_told_to_stop_takes_it_down(phase):
     name = f"t{secrets.token_hex(3)}"
     rid, code, printed = stop_while_building([sys.executable, "-c", HOLD, name], name, phase)
     assert_gone(name, rid, f"after SIGTERM to its holder at {phase} (exit {code}): {printed[-800:]}")
+
+
+def test_a_second_sigterm_does_not_cut_the_rollback_short():
+    # As when `kill` reaches a process group: `pep-lab up` and the benchmark holding the lab both get
+    # SIGTERM, and the benchmark then sends `pep-lab up` its own while it is rolling back. Cut short by
+    # that second signal, a rollback left a lab's namespaces, pins and linkem with no journal to take
+    # them down (runner.interrupts_held).
+    name = f"t{secrets.token_hex(3)}"
+    proc = subprocess.Popen([PEP_LAB, "up"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PEP_LAB": name, "PYTHONPATH": REPO, "PYTHONUNBUFFERED": "1"})
+    printed = []
+    try:
+        rid = building(name, "pepctl up")
+        proc.send_signal(signal.SIGTERM)
+        for line in proc.stdout:
+            printed.append(line)
+            if "rolling back" in line:
+                proc.send_signal(signal.SIGTERM)
+                break
+        printed.append(proc.communicate(timeout=180)[0])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert any("rolling back" in line for line in printed), f"`pep-lab up` did not roll back: {printed}"
+    assert_gone(name, rid, f"after two SIGTERMs to `pep-lab up`, the second in its rollback (exit "
+                f"{proc.returncode}): {''.join(printed)[-800:]}")
+
+
+@pytest.mark.parametrize("phase", ["namespaces", "pepctl up"])
+def test_a_process_group_told_to_stop_takes_its_lab_down(phase):
+    # The signal reaches the holder, `pep-lab up` and its `pepctl up` at once; the holder then sends
+    # `pep-lab up` a second SIGTERM, and `pepctl up` rolls itself back while `pep-lab up` does.
+    name = f"t{secrets.token_hex(3)}"
+    rid, code, printed = stop_while_building([sys.executable, "-c", HOLD, name], name, phase, group=True)
+    assert_gone(name, rid, f"after SIGTERM to its holder's process group at {phase} (exit {code}): {printed[-800:]}")

@@ -25,7 +25,7 @@ import pytest
 
 from netns.addresses import ORIGIN_URL4
 from netns.handle import REPO
-from pepctl.runner import wait_for
+from pepctl.runner import stop_child, wait_for
 
 LAB_OPTIONS = ["--graphs", "2"]
 GRAPHS = ("pep", "g2")
@@ -86,12 +86,7 @@ def prometheus(lab, tmp_path_factory):
         yield prom
     finally:
         # `ip netns exec` execs prometheus, so this PID (the one this test started) is prometheus.
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_child(proc, timeout=20)
 
 
 def test_prometheus_sees_every_graphs_steering_and_proxied_flows(lab, prometheus):

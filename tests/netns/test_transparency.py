@@ -41,7 +41,7 @@ from scapy.layers.l2 import Ether
 
 from netns.handle import PYTHON
 from pepctl import nsutil
-from pepctl.runner import StepError, wait_for
+from pepctl.runner import StepError, stop_child, wait_for
 
 # Two labs: the default mode (interception bpf, handshake honest, the client's own port kept), and the
 # same with a spare source port (source_port = "any"), which gives up what the shared 4-tuple carries:
@@ -81,8 +81,7 @@ def origin_log(lab):
         assert proc.stdout.readline().strip() == "ready", f"origin: matrix_peer.py did not start: {proc.stderr.read()}"
         yield path
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop_child(proc, timeout=10)
 
 
 # -- what the ends see ----------------------------------------------------------------------------

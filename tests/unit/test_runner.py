@@ -1,0 +1,82 @@
+"""pepctl.runner's rollback: what `up` made is undone to the end, whatever signals come meanwhile, and
+what could not be undone stays in the journal for `down`.
+
+Real commands (true, false, touch, kill), no root: the steps make files in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from pepctl import runner
+
+
+@pytest.fixture
+def sigterm_unwinds():
+    """SIGTERM raises KeyboardInterrupt here, as in pepctl and pep-lab (runner.stop_on_sigterm)."""
+    before = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    runner.stop_on_sigterm()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def journal_in(tmp_path) -> runner.Journal:
+    journal = runner.Journal(str(tmp_path / "journal"))
+    journal.start({})
+    return journal
+
+
+def test_a_rollback_runs_to_its_end_through_sigterm_and_ctrl_c(tmp_path, sigterm_unwinds):
+    # The second step's undo signals this process, as `kill` of a process group does while the rollback
+    # runs (and then the benchmark holding the lab sends its own SIGTERM): the undo after it must still
+    # run, and the step's failure is what the caller sees.
+    made = tmp_path / "made"
+    steps = [runner.Step("make a file", ["touch", str(made)], undo=["rm", str(made)]),
+             runner.Step("signal the rollback", ["true"],
+                         undo=["sh", "-c", f"kill -TERM {os.getpid()}; kill -INT {os.getpid()}; sleep 0.2"]),
+             runner.Step("fail", ["false"])]
+    journal = journal_in(tmp_path)
+    logged: list[str] = []
+    try:
+        runner.apply(steps, journal, log=logged.append)
+        got: BaseException | None = None
+    except (runner.StepError, KeyboardInterrupt) as e:   # (a KeyboardInterrupt let out would end the run)
+        got = e
+    assert isinstance(got, runner.StepError) and "fail" in str(got), \
+        f"expected the failed step's error, got {got!r}: the rollback was cut short ({logged})"
+    assert not made.exists(), f"expected the first step undone after the signals, got {logged}"
+    assert journal.undo == [] and runner.Journal(journal.path).undo == [], runner.Journal(journal.path).undo
+    assert signal.getsignal(signal.SIGTERM) is runner._interrupt, "the SIGTERM handler was not put back"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the SIGINT handler was not put back"
+
+
+def test_an_interrupted_up_rolls_back_and_stays_interrupted(tmp_path, sigterm_unwinds):
+    made = tmp_path / "made"
+    steps = [runner.Step("make a file", ["touch", str(made)], undo=["rm", str(made)]),
+             runner.Step("stopped here", ["sh", "-c", f"kill -TERM {os.getpid()}; sleep 5"])]
+    with pytest.raises(KeyboardInterrupt):
+        runner.apply(steps, journal_in(tmp_path), log=lambda m: None)
+    assert not made.exists(), "the step before the interrupt was not undone"
+    # Told once, the process is on its way out: a second SIGTERM does not interrupt what is left of it
+    # (the `with` exits of a benchmark holding labs).
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.05)
+
+
+def test_what_a_rollback_could_not_undo_stays_in_the_journal(tmp_path):
+    steps = [runner.Step("a thing that will not go", ["true"], undo=["false"]),
+             runner.Step("fail", ["false"])]
+    journal = journal_in(tmp_path)
+    with pytest.raises(runner.StepError):
+        runner.apply(steps, journal, log=lambda m: None)
+    kept = runner.Journal(journal.path).undo
+    assert [e["what"] for e in kept] == ["a thing that will not go"], kept
+    said = runner.rollback_left(journal, "`pepctl down`")
+    assert said == f"the rollback left 1 undo step(s) in {journal.path}: run `pepctl down` to retry them", said
