@@ -291,6 +291,13 @@ class ClusterLab(Lab):
             return 1
         opts = argparse.Namespace(**self.journal.meta["options"])
         journal = self.host_journal(i)
+        if journal.exists:
+            print(f"lab {self.name}: a previous `add-host` of host {i} did not finish; undoing it first")
+            errors = runner.undo_all(journal)
+            if errors:
+                print("pep-lab add-host: could not undo the previous attempt:\n  " + "\n  ".join(errors) + "\n"
+                      + runner.rollback_left(journal, f"`PEP_LAB={self.name} pep-lab down`"), file=sys.stderr)
+                return 1
         journal.start({"rid": self.rid, "host": i})
         print(f"lab {self.name}: adding proxy host {i}")
         try:

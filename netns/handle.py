@@ -15,7 +15,8 @@ from netns.configs import one_graph, second_graph, toml_text
 from netns.lab import node_netns
 from pepctl import config as configmod
 from pepctl.names import in_netns
-from pepctl.runner import Journal, interrupts_held, stop_child, stop_on_sigterm, wait_for
+from pepctl.runner import Journal, interrupts_held, stop_on_sigterm, wait_for
+from pepctl.runner import run as run_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEP_LAB = os.path.join(REPO, "scripts", "pep-lab")
@@ -33,25 +34,22 @@ class LabHandle:
     def up(cls, name: str, options: list[str]) -> LabHandle:
         stop_on_sigterm()     # a benchmark or test run stopped by `kill` takes its labs down
         env = {**os.environ, "PEP_LAB": name}
-        proc = subprocess.Popen([PEP_LAB, "up", *options], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
         try:
-            out, err = proc.communicate(timeout=300)
+            proc = run_command([PEP_LAB, "up", *options], check=False, timeout=300, env=env)
         except BaseException:
-            # Stopped (or out of time) while the lab is being built, and no `with` holds it yet. SIGTERM
-            # lets `pep-lab up` roll back what it made, its pepctl's instance with it (a SIGKILL, what
-            # subprocess.run sends, would orphan a running `pepctl up`); `down` then takes what is left.
-            # A second signal must not cut that short (subprocess.run would SIGKILL the `down`).
+            # Stopped (or out of time) while the lab is being built, and no `with` holds it yet: `pep-lab
+            # up` has had SIGTERM and time to roll back what it made, its pepctl's instance with it
+            # (runner.run; a SIGKILL at once would orphan a running `pepctl up`). `down` takes what is left.
             with interrupts_held():
-                stop_child(proc, timeout=120)
-                subprocess.run([PEP_LAB, "down"], env=env, capture_output=True, timeout=120)
+                run_command([PEP_LAB, "down"], check=False, timeout=120, env=env)
             raise
         if proc.returncode != 0:
-            raise RuntimeError(f"pep-lab up {' '.join(options)} failed: {err}\n{out[-2000:]}")
+            raise RuntimeError(f"pep-lab up {' '.join(options)} failed: {proc.stderr}\n{proc.stdout[-2000:]}")
         return cls(name)
 
     def down(self) -> None:
-        proc = subprocess.run([PEP_LAB, "down"], env=self.env, capture_output=True, text=True, timeout=120)
+        with interrupts_held():   # a holder told to stop takes its lab down to the end
+            proc = run_command([PEP_LAB, "down"], check=False, timeout=120, env=self.env)
         if proc.returncode != 0:
             raise RuntimeError(f"pep-lab down failed: {proc.stderr}")
 
@@ -59,8 +57,7 @@ class LabHandle:
         return self
 
     def __exit__(self, *exc):
-        with interrupts_held():   # a holder told to stop takes its lab down to the end
-            self.down()
+        self.down()
 
     def __init__(self, name: str):
         self.name = name
@@ -129,7 +126,8 @@ class LabHandle:
         return out["wrk"], seen
 
     def run_pep_lab(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([PEP_LAB, *args], env=self.env, capture_output=True, text=True, timeout=60)
+        """`pep-lab ARGS` on this lab; stopped, it gets SIGTERM and time to roll back (runner.run)."""
+        return run_command([PEP_LAB, *args], check=False, timeout=60, env=self.env)
 
     def status(self) -> dict:
         proc = subprocess.run([PEP_LAB, "status", "--json"], env=self.env, capture_output=True, text=True)

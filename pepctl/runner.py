@@ -84,10 +84,28 @@ class Step:
         return {"what": self.what, "argv": self.undo, "input": self.undo_input}
 
 
-def run(argv: list[str], *, check: bool = True, input: str | None = None,
-        timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run a command, capturing output; on failure raise StepError naming it."""
-    proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
+CHILD_STOP_S = 60   # how long a command cut short gets to end after SIGTERM (a pepctl rolling back)
+
+
+def run(argv: list[str], *, check: bool = True, input: str | None = None, timeout: float = 120,
+        env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run a command, capturing output; on failure raise StepError naming it, and so when it does not
+    end within `timeout` s. A command cut short, by its timeout or because this process was told to
+    stop, gets SIGTERM and CHILD_STOP_S to end before SIGKILL: it may be a `pepctl up` rolling back
+    (subprocess.run would SIGKILL it at once, and leave its rollback half done)."""
+    child = subprocess.Popen(argv, stdin=subprocess.PIPE if input is not None else None, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        out, err = child.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with interrupts_held():
+            stop_child(child, timeout=CHILD_STOP_S)
+        raise StepError(f"{shlex.join(argv)}: did not end within {timeout:g} s; stopped") from None
+    except BaseException:
+        with interrupts_held():
+            stop_child(child, timeout=CHILD_STOP_S)
+        raise
+    proc = subprocess.CompletedProcess(argv, child.returncode, out, err)
     if check and proc.returncode != 0:
         raise StepError(f"{shlex.join(argv)}: exit {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc
@@ -362,8 +380,9 @@ class Journal:
         self.complete = True
         self._append({"complete": True})
 
-    def rewrite(self) -> None:
-        lines = [{"meta": self.meta}, *({"undo": u} for u in self.undo)]
+    def rewrite(self, undo: list[dict] | None = None) -> None:
+        """The journal as it is now; `undo` in place of self.undo (undo_all, while it runs)."""
+        lines = [{"meta": self.meta}, *({"undo": u} for u in (self.undo if undo is None else undo))]
         if self.complete:
             lines.append({"complete": True})
         write_file(self.path, "".join(json.dumps(x) + "\n" for x in lines), 0o600)
@@ -400,7 +419,10 @@ def run_undo(entry: dict) -> tuple[str | None, str | None]:
         except (OSError, StepError, ValueError, KeyError) as e:
             return f"{entry.get('show', entry['call'])}: {e}", None
         return None, result if isinstance(result, str) else None
-    proc = run(entry["argv"], check=False, input=entry.get("input"))
+    try:
+        proc = run(entry["argv"], check=False, input=entry.get("input"))
+    except StepError as e:   # it did not end
+        return str(e), None
     if proc.returncode == 0:
         return None, None
     err = (proc.stderr or proc.stdout).strip()
@@ -417,7 +439,10 @@ def _do(step: Step) -> str | None:
         except (OSError, ValueError) as e:
             raise StepError(f"{step.what}: {e}") from None
         return result if isinstance(result, str) else None
-    proc = run(step.run, check=False, input=step.input)
+    try:
+        proc = run(step.run, check=False, input=step.input)
+    except StepError as e:   # it did not end
+        raise StepError(f"{step.what}: {e}") from None
     if proc.returncode != 0:
         err = (proc.stderr or proc.stdout).strip()
         if not any(t in err for t in step.tolerate):
@@ -466,8 +491,10 @@ def interrupts_held():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {s: signal.signal(s, _dropped) for s in (signal.SIGINT, signal.SIGTERM)}
+    held = {}
     try:
+        for s in (signal.SIGTERM, signal.SIGINT):
+            held[s] = signal.signal(s, _dropped)
         yield
     finally:
         for s, handler in held.items():
@@ -493,7 +520,7 @@ def stop_child(proc: subprocess.Popen, timeout: float) -> None:
         proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.communicate()
+        proc.wait()        # (not communicate: a grandchild may hold its pipes open)
 
 
 def rollback_left(journal: Journal, retry: str) -> str:
@@ -515,25 +542,31 @@ def _dropped(signum: int, frame) -> None:
 
 def undo_all(journal: Journal, *, log: Callable[[str], None] = print) -> list[str]:
     """Run the journal's undos newest first; keep going past errors and return them. An undo that
-    failed stays in the journal, so running `down` again retries it. Notices (a folder left
-    because it holds files that are not ours, a registration others still use) are logged, not
-    errors."""
+    failed stays in the journal, so running `down` again retries it; so does every undo not yet done
+    when something unexpected ends it (the journal on disk and in memory keeps them). Once begun it
+    runs to its end: SIGTERM and Ctrl-C wait for it (interrupts_held; SIGKILL still stops it).
+    Notices (a folder left because it holds files that are not ours, a registration others still
+    use) are logged, not errors."""
     errors, failed = [], []
     done = 0
-    while journal.undo:
-        entry = journal.undo.pop()
-        err, notice = run_undo(entry)
-        if err:
-            errors.append(err)
-            failed.append(entry)
-        else:
-            log(f"  undone: {entry['what']}")
-        if notice:
-            log(f"  notice: {notice}")
-        done += 1
-        if done % 64 == 0:
-            journal.rewrite()
-    journal.undo = failed[::-1]
-    if journal.exists:
-        journal.rewrite()
+    with interrupts_held():
+        try:
+            while journal.undo:
+                entry = journal.undo[-1]         # popped once done: whatever ends this keeps it
+                err, notice = run_undo(entry)
+                journal.undo.pop()
+                if err:
+                    errors.append(err)
+                    failed.append(entry)
+                else:
+                    log(f"  undone: {entry['what']}")
+                if notice:
+                    log(f"  notice: {notice}")
+                done += 1
+                if done % 64 == 0 and journal.exists:
+                    journal.rewrite(journal.undo + failed[::-1])
+        finally:
+            journal.undo += failed[::-1]
+            if journal.exists:
+                journal.rewrite()
     return errors

@@ -60,7 +60,7 @@ def test_a_rollback_runs_to_its_end_through_sigterm_and_ctrl_c(tmp_path, sigterm
 def test_an_interrupted_up_rolls_back_and_stays_interrupted(tmp_path, sigterm_unwinds):
     made = tmp_path / "made"
     steps = [runner.Step("make a file", ["touch", str(made)], undo=["rm", str(made)]),
-             runner.Step("stopped here", ["sh", "-c", f"kill -TERM {os.getpid()}; sleep 5"])]
+             runner.Step("stopped here", ["sh", "-c", f"kill -TERM {os.getpid()}; exec sleep 5"])]
     with pytest.raises(KeyboardInterrupt):
         runner.apply(steps, journal_in(tmp_path), log=lambda m: None)
     assert not made.exists(), "the step before the interrupt was not undone"
@@ -80,3 +80,42 @@ def test_what_a_rollback_could_not_undo_stays_in_the_journal(tmp_path):
     assert [e["what"] for e in kept] == ["a thing that will not go"], kept
     said = runner.rollback_left(journal, "`pepctl down`")
     assert said == f"the rollback left 1 undo step(s) in {journal.path}: run `pepctl down` to retry them", said
+
+
+@runner.action("test_undo_that_breaks")
+def _undo_that_breaks() -> None:
+    raise RuntimeError("an undo that broke in a way run_undo does not expect")
+
+
+def test_undos_not_done_stay_in_the_journal_whatever_ends_the_rollback(tmp_path):
+    journal = journal_in(tmp_path)
+    older = runner.Step("older", ["true"], undo=["true"])
+    newer = runner.Step("newer", ["true"], undo=runner.Call("test_undo_that_breaks", (), "break"))
+    runner.apply([older, newer], journal, log=lambda m: None)
+    with pytest.raises(RuntimeError):
+        runner.undo_all(journal, log=lambda m: None)
+    kept = [e["what"] for e in runner.Journal(journal.path).undo]
+    assert kept == ["older", "newer"], f"expected both undos kept for `down`, got {kept}"
+    assert [e["what"] for e in journal.undo] == ["older", "newer"], journal.undo
+
+
+def stops_by_sigterm(flag) -> list[str]:
+    """A command that notes SIGTERM in `flag` and ends; SIGKILL would leave no note."""
+    return ["sh", "-c", f"trap 'touch {flag}; kill $! 2>/dev/null; exit 0' TERM; sleep 10 >/dev/null 2>&1 & wait $!"]
+
+
+def test_a_command_out_of_time_gets_sigterm_and_a_clear_error(tmp_path):
+    flag = tmp_path / "terminated"
+    with pytest.raises(runner.StepError, match=r"did not end within 0.5 s; stopped"):
+        runner.run(stops_by_sigterm(flag), timeout=0.5)
+    assert flag.exists(), "the command was not given SIGTERM (a SIGKILL leaves a rollback half done)"
+
+
+def test_a_command_of_a_process_told_to_stop_gets_sigterm(tmp_path, sigterm_unwinds):
+    flag = tmp_path / "terminated"
+    # (It signals this process once it runs: a signal inside Popen() is before run() has a child to stop.)
+    argv = ["sh", "-c", f"trap 'touch {flag}; kill $! 2>/dev/null; exit 0' TERM; sleep 0.2; kill -TERM {os.getpid()}; "
+            "sleep 10 >/dev/null 2>&1 & wait $!"]
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(argv, timeout=30)
+    assert flag.exists(), "the command was not given SIGTERM when this process was told to stop"
