@@ -494,7 +494,8 @@ def interrupts_held():
     held = {}
     try:
         for s in (signal.SIGTERM, signal.SIGINT):
-            held[s] = signal.signal(s, _dropped)
+            if signal.getsignal(s) is not signal.SIG_IGN:   # (a background job's SIGINT: ignored already)
+                held[s] = signal.signal(s, _dropped)
         yield
     finally:
         for s, handler in held.items():
