@@ -291,21 +291,15 @@ class ClusterLab(Lab):
             return 1
         opts = argparse.Namespace(**self.journal.meta["options"])
         journal = self.host_journal(i)
-        if journal.exists:
-            print(f"lab {self.name}: a previous `add-host` of host {i} did not finish; undoing it first")
-            errors = runner.undo_all(journal)
-            if errors:
-                print("pep-lab add-host: could not undo the previous attempt:\n  " + "\n  ".join(errors) + "\n"
-                      + runner.rollback_left(journal, f"`PEP_LAB={self.name} pep-lab down`"), file=sys.stderr)
-                return 1
+        if not self.undo_previous(journal, "add-host"):
+            return 1
         journal.start({"rid": self.rid, "host": i})
         print(f"lab {self.name}: adding proxy host {i}")
         try:
             runner.apply(self.host_steps(i, i, opts), journal)
         except Exception as e:
             if journal.undo:
-                print(f"pep-lab add-host: {e}\n"
-                      f"{runner.rollback_left(journal, f'`PEP_LAB={self.name} pep-lab down`')}", file=sys.stderr)
+                print(f"pep-lab add-host: {e}\n{self.rollback_left(journal)}", file=sys.stderr)
                 return 1
             journal.remove()
             print(f"pep-lab add-host: {e}\nhost {i} was rolled back; the lab is as it was", file=sys.stderr)

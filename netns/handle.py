@@ -16,7 +16,7 @@ from netns.lab import node_netns
 from pepctl import config as configmod
 from pepctl.names import in_netns
 from pepctl.runner import Journal, interrupts_held, stop_on_sigterm, wait_for
-from pepctl.runner import run as run_command
+from pepctl.runner import run as run_command  # (LabHandle.run runs a command in a node)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEP_LAB = os.path.join(REPO, "scripts", "pep-lab")

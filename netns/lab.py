@@ -302,13 +302,8 @@ class Lab:
             print(f"lab {self.name} is already up (run id {self.rid}); nothing changed")
             self.print_topology()
             return 0
-        if self.journal.exists:
-            print(f"lab {self.name}: a previous `up` did not finish; undoing it first")
-            errors = runner.undo_all(self.journal)
-            if errors:
-                print("pep-lab up: could not undo the previous attempt:\n  " + "\n  ".join(errors)
-                      + f"\n{self.rollback_left()}", file=sys.stderr)
-                return 1
+        if not self.undo_previous(self.journal, "up"):
+            return 1
         self.journal.start({"rid": self.rid, "options": vars(opts)})
         print(f"lab {self.name}: building run {self.rid}")
         try:
@@ -343,8 +338,20 @@ class Lab:
         print(f"lab {self.name} (run {self.rid}) is down")
         return 0
 
-    def rollback_left(self) -> str:
-        return runner.rollback_left(self.journal, f"`PEP_LAB={self.name} pep-lab down`")
+    def rollback_left(self, journal: runner.Journal | None = None) -> str:
+        return runner.rollback_left(journal or self.journal, f"`PEP_LAB={self.name} pep-lab down`")
+
+    def undo_previous(self, journal: runner.Journal, command: str) -> bool:
+        """Undo what a `command` that did not finish left in `journal`, before it starts again; False
+        (said why) if some of it could not be undone: starting over would lose the journal of it."""
+        if not journal.exists:
+            return True
+        print(f"lab {self.name}: a previous `{command}` did not finish; undoing it first")
+        errors = runner.undo_all(journal)
+        if errors:
+            print(f"pep-lab {command}: could not undo the previous attempt:\n  " + "\n  ".join(errors)
+                  + f"\n{self.rollback_left(journal)}", file=sys.stderr)
+        return not errors
 
     def forget(self) -> None:
         try:

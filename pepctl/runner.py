@@ -97,13 +97,11 @@ def run(argv: list[str], *, check: bool = True, input: str | None = None, timeou
                              stderr=subprocess.PIPE, text=True, env=env)
     try:
         out, err = child.communicate(input, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except BaseException as e:
         with interrupts_held():
             stop_child(child, timeout=CHILD_STOP_S)
-        raise StepError(f"{shlex.join(argv)}: did not end within {timeout:g} s; stopped") from None
-    except BaseException:
-        with interrupts_held():
-            stop_child(child, timeout=CHILD_STOP_S)
+        if isinstance(e, subprocess.TimeoutExpired):
+            raise StepError(f"{shlex.join(argv)}: did not end within {timeout:g} s; stopped") from None
         raise
     proc = subprocess.CompletedProcess(argv, child.returncode, out, err)
     if check and proc.returncode != 0:
@@ -471,17 +469,16 @@ def apply(steps: list[Step], journal: Journal, *, log: Callable[[str], None] = p
             if notice:
                 log(f"  notice: {notice}")
     except BaseException:
-        with interrupts_held():
-            log("failed: rolling back what was made")
-            for e in undo_all(journal, log=log):
-                log(f"  rollback: {e}")
+        log("failed: rolling back what was made")
+        for e in undo_all(journal, log=log):    # (it holds SIGTERM and Ctrl-C until it is done)
+            log(f"  rollback: {e}")
         raise
     return ran
 
 
 @contextmanager
 def interrupts_held():
-    """While a rollback (or a teardown) runs, SIGINT and SIGTERM wait: the command is unwinding already,
+    """While a rollback (undo_all) or a teardown runs, SIGINT and SIGTERM wait: the command is unwinding already,
     and a rollback cut short leaves a half-built state whose journal its caller may no longer keep. A
     second signal is common: `kill` of a process group reaches `pep-lab up` and the benchmark that holds
     it, which then sends its own SIGTERM (netns/handle.py), so a lab was left with its namespaces, pins
@@ -532,7 +529,7 @@ def rollback_left(journal: Journal, retry: str) -> str:
 
 def _interrupt(signum: int, frame) -> None:
     # Told once: the process unwinds (rollbacks, `with` exits), and a second SIGTERM must not cut that
-    # short before apply's rollback holds it (interrupts_held). SIGKILL still stops it.
+    # short before undo_all holds it (interrupts_held). SIGKILL still stops it.
     signal.signal(signal.SIGTERM, _dropped)
     raise KeyboardInterrupt(f"stopped by signal {signum}")
 

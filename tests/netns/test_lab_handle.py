@@ -76,24 +76,47 @@ def building(name: str, phase: str) -> str:
     return rid
 
 
-def stop_while_building(argv: list[str], name: str, phase: str, group: bool = False) -> tuple[str, int, str]:
-    """Run argv, which builds lab `name`; SIGTERM it (with `group`, its whole process group, as a shell's
-    job control, systemd and CI runners do) once the build is as far as `phase`. The lab's run id, the
-    exit status and what it printed."""
-    proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PEP_LAB": name, "PYTHONPATH": REPO},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=group)
+def sigterm(proc: subprocess.Popen) -> list[str]:
+    proc.send_signal(signal.SIGTERM)
+    return []
+
+
+def sigterm_to_its_group(proc: subprocess.Popen) -> list[str]:
+    """As a shell's job control, systemd and CI runners do: the holder, `pep-lab up` and its `pepctl up`
+    all get it at once, and the holder then sends `pep-lab up` its own."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    return []
+
+
+def sigterm_again_in_its_rollback(proc: subprocess.Popen) -> list[str]:
+    """SIGTERM, and a second one once it says it is rolling back: what `pep-lab up` gets when `kill`
+    reaches the benchmark holding the lab too. Cut short by it, a rollback left a lab's namespaces,
+    pins and linkem with no journal to take them down (runner.interrupts_held)."""
+    proc.send_signal(signal.SIGTERM)
+    printed = []
+    for line in proc.stdout:
+        printed.append(line)
+        if "rolling back" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    return printed
+
+
+def stop_while_building(argv: list[str], name: str, phase: str, stop=sigterm) -> tuple[str, int, str]:
+    """Run argv, which builds lab `name`, in a session of its own; once the build is as far as `phase`,
+    stop(proc) tells it to stop. The lab's run id, the exit status and what it printed."""
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True,
+                            env={**os.environ, "PEP_LAB": name, "PYTHONPATH": REPO, "PYTHONUNBUFFERED": "1"})
     try:
         rid = building(name, phase)
-        if group:
-            os.killpg(proc.pid, signal.SIGTERM)
-        else:
-            proc.send_signal(signal.SIGTERM)
-        printed = proc.communicate(timeout=180)[0]
+        printed = stop(proc)
+        printed.append(proc.communicate(timeout=180)[0])
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return rid, proc.returncode, printed
+    return rid, proc.returncode, "".join(printed)
 
 
 @pytest.mark.parametrize("phase", ["namespaces", "pepctl up"])     # (once up, `pep-lab up` has ended)
@@ -103,6 +126,14 @@ def test_pep_lab_up_told_to_stop_rolls_its_lab_back(phase):
     assert_gone(name, rid, f"after SIGTERM to `pep-lab up` at {phase} (exit {code}): {printed[-800:]}")
 
 
+def test_a_second_sigterm_does_not_cut_the_rollback_short():
+    name = f"t{secrets.token_hex(3)}"
+    rid, code, printed = stop_while_building([PEP_LAB, "up"], name, "pepctl up", sigterm_again_in_its_rollback)
+    assert_gone(name, rid, f"after two SIGTERMs to `pep-lab up`, the second in its rollback (exit {code}): "
+                f"{printed[-800:]}")
+    assert "rolling back" in printed, f"`pep-lab up` did not roll back, so no second SIGTERM was sent: {printed}"
+
+
 @pytest.mark.parametrize("phase", PHASES)
 def test_a_process_that_holds_a_lab_told_to_stop_takes_it_down(phase):
     name = f"t{secrets.token_hex(3)}"
@@ -110,37 +141,8 @@ def test_a_process_that_holds_a_lab_told_to_stop_takes_it_down(phase):
     assert_gone(name, rid, f"after SIGTERM to its holder at {phase} (exit {code}): {printed[-800:]}")
 
 
-def test_a_second_sigterm_does_not_cut_the_rollback_short():
-    # As when `kill` reaches a process group: `pep-lab up` and the benchmark holding the lab both get
-    # SIGTERM, and the benchmark then sends `pep-lab up` its own while it is rolling back. Cut short by
-    # that second signal, a rollback left a lab's namespaces, pins and linkem with no journal to take
-    # them down (runner.interrupts_held).
-    name = f"t{secrets.token_hex(3)}"
-    proc = subprocess.Popen([PEP_LAB, "up"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PEP_LAB": name, "PYTHONPATH": REPO, "PYTHONUNBUFFERED": "1"})
-    printed = []
-    try:
-        rid = building(name, "pepctl up")
-        proc.send_signal(signal.SIGTERM)
-        for line in proc.stdout:
-            printed.append(line)
-            if "rolling back" in line:
-                proc.send_signal(signal.SIGTERM)
-                break
-        printed.append(proc.communicate(timeout=180)[0])
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert any("rolling back" in line for line in printed), f"`pep-lab up` did not roll back: {printed}"
-    assert_gone(name, rid, f"after two SIGTERMs to `pep-lab up`, the second in its rollback (exit "
-                f"{proc.returncode}): {''.join(printed)[-800:]}")
-
-
 @pytest.mark.parametrize("phase", ["namespaces", "pepctl up"])
 def test_a_process_group_told_to_stop_takes_its_lab_down(phase):
-    # The signal reaches the holder, `pep-lab up` and its `pepctl up` at once; the holder then sends
-    # `pep-lab up` a second SIGTERM, and `pepctl up` rolls itself back while `pep-lab up` does.
     name = f"t{secrets.token_hex(3)}"
-    rid, code, printed = stop_while_building([sys.executable, "-c", HOLD, name], name, phase, group=True)
+    rid, code, printed = stop_while_building([sys.executable, "-c", HOLD, name], name, phase, sigterm_to_its_group)
     assert_gone(name, rid, f"after SIGTERM to its holder's process group at {phase} (exit {code}): {printed[-800:]}")
