@@ -41,7 +41,7 @@ from . import bpfsys, radio_maps
 from .config import OWN_CONGESTION, Config, FieldError, Graph
 from .lock import InstanceLock, LockBusy
 from .names import CONGESTION_DIR, CONGESTION_LOCK, REGISTER, congestion_pins, netns_path
-from .register import users_of
+from .register import stop_using, users_of
 from .runner import Call, Step, StepError, action, remove_dir, run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -110,6 +110,20 @@ def registration(cc: str) -> str:
     return "other"
 
 
+def settled_registration(cc: str) -> str:
+    """registration(cc) once no pepctl is registering it: between the loader's registering and its
+    pinning, pepctl's own reads as someone else's, so "other" is read again under the host's lock.
+    No lock file: no pepctl is at it (and none is made here, so `plan` leaves nothing behind)."""
+    state = registration(cc)
+    if state != "other" or not os.path.exists(CONGESTION_LOCK):
+        return state
+    try:
+        with _host_lock("plan (reads the registration)"):
+            return registration(cc)
+    except LockBusy:
+        return state
+
+
 def foreign_message(cc: str) -> str:
     return (f"a congestion control named {cc} is registered already, but not by pepctl (none in use is pinned in "
             f"{congestion_pins(cc)}): its maps are not the ones pepctl sets the graphs' parameters in. Find it "
@@ -131,7 +145,7 @@ def problems(cfg: Config) -> list[FieldError]:
                                   "congestion control needs to register: use a kernel built with "
                                   'CONFIG_DEBUG_INFO_BTF, or congestion = "bbr"'))
         try:
-            state = registration(cc)
+            state = settled_registration(cc)
         except OSError:
             state = "unknown"   # `plan` without root cannot open the pins: `up` checks again
         if state == "other":
@@ -222,6 +236,7 @@ def release(cc: str, journal: str) -> str | None:
     notice = None
     try:
         with _host_lock(f"down (release {cc})") as lock:
+            stop_using(cc, journal)
             others = users_of(cc, besides=journal)
             if others:
                 return (f"{cc} stays registered: instance(s) {', '.join(e['instance'] for e in others)} "

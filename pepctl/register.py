@@ -14,6 +14,7 @@ import os
 
 from .config import Config
 from .names import REGISTER
+from .runner import write_file
 
 
 def netns_id() -> list[int]:
@@ -64,6 +65,28 @@ def running_instances() -> list[dict]:
         if os.path.exists(entry.get("journal", "")):
             out.append(entry)
     return out
+
+
+def stop_using(cc: str, journal: str) -> None:
+    """Takes cc out of the entry of the instance whose journal is `journal`, as its release of cc runs
+    (pepctl/congestion.py, under the host's congestion lock). The entry itself stays until the end of
+    that instance's `down`, and for good when a later undo of it fails: counted as a user until then,
+    it kept cc registered when it was the last user, and so did the other instance's release when two
+    last users went down at once."""
+    try:
+        names = sorted(os.listdir(REGISTER))
+    except FileNotFoundError:
+        return
+    for name in names:
+        path = os.path.join(REGISTER, name)
+        try:
+            with open(path) as f:
+                entry = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if entry.get("journal") == journal and cc in entry.get("congestion", ()):
+            entry["congestion"] = [c for c in entry["congestion"] if c != cc]
+            write_file(path, json.dumps(entry, indent=1) + "\n")
 
 
 def users_of(cc: str, *, besides: str | None = None) -> list[dict]:

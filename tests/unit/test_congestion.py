@@ -10,6 +10,7 @@ active" and the p95 of a map's histogram are computed on made-up statistics whos
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -109,6 +110,29 @@ def test_the_register_names_the_congestion_controls_in_use():
     assert register.register_entry(cfg)["congestion"] == ["bbr", "cubic", "pep_radio"]
     assert congestion.used(cfg) == ["pep_radio"]
     assert [g.name for g in congestion.radio_graphs(cfg)] == ["g1"]
+
+
+def test_an_instance_whose_release_ran_no_longer_counts_as_a_user(tmp_path, monkeypatch):
+    """Two instances use pep_radio. Each one's release takes pep_radio out of its own entry before it
+    asks who else uses it: so of two last users going down at once, the second release unregisters
+    it, and an instance whose `down` failed after its release (entry and journal kept) does not keep
+    it registered for good."""
+    monkeypatch.setattr(register, "REGISTER", str(tmp_path / "register"))
+    os.mkdir(register.REGISTER)
+    journals = {}
+    for name in ("a", "b"):
+        journals[name] = str(tmp_path / f"{name}.journal")
+        open(journals[name], "w").close()
+        entry = {"instance": name, "journal": journals[name], "congestion": ["cubic", "pep_radio"]}
+        runner.write_file(os.path.join(register.REGISTER, f"{name}.json"), json.dumps(entry))
+    assert [e["instance"] for e in register.users_of("pep_radio", besides=journals["a"])] == ["b"]
+    register.stop_using("pep_radio", journals["a"])
+    assert [e["instance"] for e in register.running_instances()] == ["a", "b"], "the entry itself stays"
+    assert [e["instance"] for e in register.users_of("pep_radio")] == ["b"]
+    assert register.users_of("pep_radio", besides=journals["b"]) == [], "b's release would keep pep_radio"
+    assert [e["instance"] for e in register.users_of("cubic")] == ["a", "b"], "only pep_radio was taken out"
+    register.stop_using("pep_radio", journals["a"])   # a second time: nothing to take out
+    assert [e["instance"] for e in register.users_of("pep_radio")] == ["b"]
 
 
 def test_no_pep_radio_no_registration():
