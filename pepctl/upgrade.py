@@ -193,9 +193,16 @@ def _strict(entry: dict) -> str:
     return json.dumps({k: v for k, v in entry.items() if k not in ("what", "show")}, sort_keys=True)
 
 
+# How many leading arguments name what an action acts on: one, but for the actions whose first is a
+# folder every graph shares (radio_forget's pins; the graph's namespace follows).
+_NAMING_ARGS = {"radio_params": 2, "radio_forget": 2}
+
+
 def _loose(entry: dict) -> str | None:
-    """The same thing undone in another version's words: one action on the same first argument."""
-    return json.dumps([entry["call"], entry["args"][:1]]) if "call" in entry else None
+    """The same thing undone in another version's words: one action on the same thing."""
+    if "call" not in entry:
+        return None
+    return json.dumps([entry["call"], entry["args"][:_NAMING_ARGS.get(entry["call"], 1)]])
 
 
 def _find(entry: dict, entries: list[dict], start: int = 0) -> int | None:

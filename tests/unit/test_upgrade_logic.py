@@ -162,6 +162,16 @@ def test_the_upgraded_journal_is_ups_with_the_old_host_settings():
         "\n".join(e["what"] for e in got)
 
 
+def test_a_second_graph_s_parameters_are_not_taken_for_the_first_s():
+    """A graph that now runs pep_radio beside one that already did: its radio_forget shares the first
+    argument (the pins folder) with the other graph's, and must still be journaled, as its own."""
+    second = call("radio_forget", "/sys/fs/bpf/pep-congestion/pep_radio", "p-g2")
+    old = [REG, CC, SPACES, RADIO, SUP]
+    assert not upgrade.journaled(second, old), "graph p-g2's undo taken for p-g's"
+    got = upgrade.merge(old, [REG, CC, SPACES, RADIO, second, SUP], [second])
+    assert got == [REG, CC, SPACES, RADIO, second, SUP], "\n".join(e["what"] for e in got)
+
+
 def test_an_upgrade_that_adds_nothing_keeps_the_journal():
     old = [REG, BPF_DIR, FLOW_PINS, CONNS, RUN_NEW, CC, SPACES, RADIO, SUP, TRUNK]
     assert upgrade.merge(old, old, []) == old
