@@ -44,6 +44,7 @@
  *     --jitter MS    add a uniform +-MS to every frame's delay, both ways, frames
  *                    kept in order (linkem's jitter= without reorder=1)
  *     --no-timestamps  the client sends no TCP timestamps (the law falls back on RTTs)
+ *     --ts-wrap S    the client's timestamps (32 bits of ms) wrap S seconds in
  *     --series       print a line per 100 ms: time, queue delay, window, rate
  *     --page S       a page load S seconds in (bench responsiveness: 3)
  *     --sender cubic end-to-end CUBIC instead of pep_radio
@@ -321,6 +322,7 @@ static __u64 end_us;                   /* the download is cut here, as curl -m d
 static size_t nreq;
 
 static int timestamps = 1;             /* the client sends TCP timestamps (--no-timestamps: not) */
+static double ts_wrap_s = -1;          /* --ts-wrap S: the client's timestamps wrap S s in */
 static int sender_cubic;               /* --sender cubic */
 static int sender_oracle;              /* --sender oracle */
 static __u64 path_rtt_us;              /* the path's round trip with no queue: both delays */
@@ -354,7 +356,9 @@ static struct flow *new_flow(int bulk, __u64 total, int page)
 	f->cwnd = sender_cubic ? 10 : 32;  /* the end host's initial window; the access routes' initcwnd */
 	f->cw = f->cwnd;
 	f->ssthresh = 1e9;
-	f->ts_offset = (__u32)(nflows * 2654435761u);   /* random-looking, a different one per connection */
+	/* random-looking, a different one per connection; --ts-wrap: each one's clock wraps then */
+	f->ts_offset = ts_wrap_s >= 0 ? (__u32)(0 - (__u32)(ts_wrap_s * 1000)) + (__u32)nflows
+				      : (__u32)(nflows * 2654435761u);
 	return f;
 }
 
@@ -494,7 +498,12 @@ static void flow_start(struct flow *f, __u32 id, __u64 now, __u32 handshake_rtt)
 		return;
 	}
 	if (!have_sub || !radio_sub_fresh(&sub, now)) {
-		radio_sub_init(&sub, now, handshake_rtt, f->cwnd, MSS, target_us);
+		struct radio_sub fresh;
+
+		radio_sub_init(&fresh, now, handshake_rtt, f->cwnd, MSS, target_us);
+		if (have_sub)
+			radio_sub_renew(&fresh, &sub);   /* as radio.bpf.c's join: its open flows carry over */
+		sub = fresh;
 		have_sub = 1;
 	}
 	radio_start(&sub, &f->rf, now, handshake_rtt, MSS, target_us, &o);
@@ -769,6 +778,8 @@ int main(int argc, char **argv)
 			series = 1;
 		else if (!strcmp(argv[i], "--no-timestamps"))
 			timestamps = 0;
+		else if (!strcmp(argv[i], "--ts-wrap") && i + 1 < argc)
+			ts_wrap_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--leave") && i + 1 < argc)
 			leave_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--join") && i + 1 < argc)
@@ -790,7 +801,7 @@ int main(int argc, char **argv)
 	}
 	if (npaths != 2 || nbulk < 1 || nbulk > MAX_BULK) {
 		fprintf(stderr, "usage: model [--seconds S] [--delay MS] [--limit MS] [--target MS] [--flows N] "
-			"[--offset S] [--loss P] [--jitter MS] [--no-timestamps] [--idle] [--series] [--page S] [--join S] [--bulk-at S] [--leave S] [--sender cubic|oracle] "
+			"[--offset S] [--loss P] [--jitter MS] [--no-timestamps] [--ts-wrap S] [--idle] [--series] [--page S] [--join S] [--bulk-at S] [--leave S] [--sender cubic|oracle] "
 			"DOWN_TRACE UP_TRACE\n");
 		return 2;
 	}

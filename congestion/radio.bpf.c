@@ -222,47 +222,57 @@ static __always_inline void count(__u32 netns, const struct radio_sub *sub, cons
 	__sync_fetch_and_add(&slot->rate_sum, sub->rate);
 }
 
+/* The socket joins its subscriber's entry, and its window is its share of the subscriber's. A
+ * subscriber new, or not heard from for RADIO_STALE_US (radio_sub_fresh), starts over from the
+ * socket's window (the route's initial window at a handshake); the sockets a stale entry counts carry
+ * over (radio_sub_renew). A new entry goes in only if none is there: two handshakes of a new
+ * subscriber on two CPUs join one entry, not one each, the second overwriting the first's. */
+static __always_inline void join(struct sock *sk, const struct radio_sub_key *key, int starting)
+{
+	struct tcp_sock *tp = (struct tcp_sock *)sk;
+	struct radio_flow *f = flow_of(sk);
+	struct radio_graph_stats *st = stats_of(key->netns);
+	struct radio_params *params = bpf_map_lookup_elem(&radio_params, &key->netns);
+	__u32 target = params && params->target_us ? params->target_us : RADIO_TARGET_US;
+	struct radio_sub *sub = bpf_map_lookup_elem(&radio_subs, key);
+	struct radio_out out = {};
+	__u64 now = tp->tcp_mstamp;
+	__u8 timers = f->timers;
+
+	if (sub && radio_sub_fresh(sub, now)) {
+		if (st && starting)
+			__sync_fetch_and_add(&st->flows_warm, 1);
+	} else {
+		struct radio_sub fresh;
+
+		radio_sub_init(&fresh, now, tp->srtt_us >> 3, tp->snd_cwnd, tp->mss_cache, target);
+		if (sub)
+			radio_sub_renew(&fresh, sub);
+		if (!bpf_map_update_elem(&radio_subs, key, &fresh, sub ? BPF_EXIST : BPF_NOEXIST) && st)
+			__sync_fetch_and_add(&st->subscribers_new, 1);
+		sub = bpf_map_lookup_elem(&radio_subs, key);   /* ours, or the one another CPU put first */
+		if (!sub)
+			return;
+	}
+	radio_start(sub, f, now, srtt_us(tp), tp->mss_cache, target, &out);
+	f->timers = timers;               /* the socket's timers are what they were */
+	apply(sk, &out);
+}
+
 SEC("struct_ops")
 void BPF_PROG(radio_init, struct sock *sk)
 {
-	struct tcp_sock *tp = (struct tcp_sock *)sk;
 	struct radio_graph_stats *st;
-	struct radio_params *params;
 	struct radio_sub_key key;
-	struct radio_out out = {};
-	struct radio_sub *sub;
-	__u64 now = tp->tcp_mstamp;
-	__u32 target;
 
 	__builtin_memset(flow_of(sk), 0, sizeof(struct radio_flow));
 	/* No fq on this host's qdiscs: TCP paces by itself when asked. */
 	sk->sk_pacing_status = SK_PACING_NEEDED;
 	key_of(sk, &key);
-	params = bpf_map_lookup_elem(&radio_params, &key.netns);
-	target = params && params->target_us ? params->target_us : RADIO_TARGET_US;
 	st = stats_of(key.netns);
 	if (st)
 		__sync_fetch_and_add(&st->flows_started, 1);
-
-	sub = bpf_map_lookup_elem(&radio_subs, &key);
-	if (sub && radio_sub_fresh(sub, now)) {
-		if (st)
-			__sync_fetch_and_add(&st->flows_warm, 1);
-	} else {
-		/* New (or forgotten): startup from the route's initial window. */
-		struct radio_sub fresh;
-
-		radio_sub_init(&fresh, now, tp->srtt_us >> 3, tp->snd_cwnd, tp->mss_cache, target);
-		if (bpf_map_update_elem(&radio_subs, &key, &fresh, BPF_ANY))
-			return;
-		sub = bpf_map_lookup_elem(&radio_subs, &key);
-		if (!sub)
-			return;
-		if (st)
-			__sync_fetch_and_add(&st->subscribers_new, 1);
-	}
-	radio_start(sub, flow_of(sk), now, srtt_us(tp), tp->mss_cache, target, &out);
-	apply(sk, &out);
+	join(sk, &key, 1);
 	if (!((struct inet_connection_sock *)sk)->icsk_user_timeout)
 		shorten_backoff(sk, flow_of(sk));
 }
@@ -296,7 +306,11 @@ void BPF_PROG(radio_cong_control, struct sock *sk, __u32 ack, int flag, const st
 		.lost_bytes = (__u64)rs->losses * tp->mss_cache,
 		.rtt_us = rs->rtt_us > 0 ? (__u32)rs->rtt_us : 0,
 		.srtt_us = srtt_us(tp),
-		.packets_out = tp->packets_out,
+		/* in flight, as the law counts it (tcp_packets_in_flight): not what was selectively
+		 * acknowledged or marked lost. packets_out counts both: a flow whose timer fired kept its
+		 * whole window counted against its subscriber's until its next ACK, a dead peer's until
+		 * its connection gave up, and the others were held to their floor meanwhile. */
+		.packets_out = tp->packets_out - (tp->sacked_out + tp->lost_out) + tp->retrans_out,
 		.prior_in_flight = rs->prior_in_flight,
 		.cwnd = tp->snd_cwnd,
 		.mss = tp->mss_cache,
@@ -309,8 +323,13 @@ void BPF_PROG(radio_cong_control, struct sock *sk, __u32 ack, int flag, const st
 	backoff_on_ack(sk, flow_of(sk));
 	key_of(sk, &key);
 	sub = bpf_map_lookup_elem(&radio_subs, &key);
-	if (!sub)
-		return;   /* evicted under pressure: the window stays as it was */
+	if (!sub || !radio_attached(sub, flow_of(sk))) {
+		/* Its subscriber's entry was evicted under pressure (or another took its place since, or the
+		 * map was full when it started): it joins again and starts over, as a new subscriber's flow.
+		 * Left alone it kept the window it had, a single packet after a timeout, for good. */
+		join(sk, &key, 0);
+		return;
+	}
 	radio_on_ack(sub, flow_of(sk), &a, &out);
 	apply(sk, &out);
 	count(key.netns, sub, &out, a.now_us);

@@ -78,6 +78,7 @@ struct radio_sub {
 	__u32 qdelay_us;                   /* the standing queue of the last window */
 	__u32 target_us;                   /* the graph's target when the entry was made */
 	__u32 flows;                       /* sockets open */
+	__u32 id;                          /* which incarnation of the entry: its flows hold it (radio_attached) */
 	__u32 outages;
 	__u32 epoch;                       /* the last epoch it was counted active in */
 	__u8 startup;                      /* no queue seen yet: the window grows by what each ACK delivers */
@@ -96,13 +97,17 @@ struct radio_flow {
 	__u32 window_id;                   /* the subscriber window it last counted itself bulk in */
 	__u32 in_flight;                   /* packets out after its last ACK: was it waiting for one? */
 	__u32 target_us;
+	__u32 sub_id;                      /* the id of the entry it holds a count in */
+	__u32 last_tsval;                  /* the peer's newest timestamp, and how often its 32 bits */
+	__u32 ts_wraps;                    /* ... wrapped (radio_peer_us) */
 	__u8 has_sub;                      /* it holds a count in its subscriber's entry */
 	__u8 has_base;                     /* owd_base is set */
 	__u8 has_up;                       /* up_base is set */
 	__u8 delacks;                      /* the peer acknowledges two packets at once: it delays ACKs */
 	__u8 proven;                       /* its owd_base has seen the queue empty: its samples count */
 	__u8 timers;                       /* RADIO_TIMERS_*: whose retransmission timers it runs on */
-	__u8 pad[2];
+	__u8 has_ts;                       /* last_tsval is set */
+	__u8 pad[1];
 };
 #define RADIO_TIMERS_KERNEL 0              /* radio_flow.timers: the kernel's own */
 #define RADIO_TIMERS_SHORT 1               /* ... backoff capped at RADIO_RTO_MAX_MS, patience kept */

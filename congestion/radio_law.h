@@ -278,12 +278,33 @@ static inline void radio_sub_init(struct radio_sub *sub, __u64 now_us, __u32 srt
 	sub->target_us = target_us;
 	sub->startup = 1;
 	sub->drained_us = now_us;
+	sub->id = (__u32)now_us | 1;       /* never 0: a flow's sub_id before it joins */
 }
 
-/* Whether an entry still describes its subscriber's link. */
+/* A stale entry made anew (radio_sub_fresh): its estimate starts over, but the sockets it counts are
+ * still open (a subscriber silent for RADIO_STALE_US with its connections kept: a push channel, a
+ * tunnel). Their count, what they have in flight and the entry's id carry over; started from zero,
+ * their ACKs and their ends drove both below zero for good, and a negative flight left the window
+ * unable to grow (win_full) or to bound the flows' sum. */
+static inline void radio_sub_renew(struct radio_sub *fresh, const struct radio_sub *old)
+{
+	fresh->flows = old->flows;
+	fresh->inflight = old->inflight;
+	fresh->id = old->id;
+}
+
+/* Whether the flow holds a count in this entry: it joined it (radio_start), not an entry of its
+ * subscriber's that was evicted from the map since, nor none (its start found the map full). */
+static inline int radio_attached(const struct radio_sub *sub, const struct radio_flow *f)
+{
+	return f->has_sub && f->sub_id == sub->id;
+}
+
+/* Whether an entry still describes its subscriber's link. Signed: another flow's last ACK, on another
+ * CPU, may be stamped a little after this flow's clock, and an entry in use is not stale. */
 static inline int radio_sub_fresh(const struct radio_sub *sub, __u64 now_us)
 {
-	return sub->window && now_us - sub->last_ack_us < RADIO_STALE_US;
+	return sub->window && (__s64)(now_us - sub->last_ack_us) < RADIO_STALE_US;
 }
 
 /* A flow starts (its handshake is done): it joins its subscriber's entry and
@@ -298,6 +319,7 @@ static inline void radio_start(struct radio_sub *sub, struct radio_flow *f, __u6
 	f->last_ack_us = now_us;
 	f->target_us = target_us;
 	f->has_sub = 1;
+	f->sub_id = sub->id;
 	__sync_fetch_and_add(&sub->flows, 1);
 	sub->target_us = target_us;        /* the graph's, as it is now */
 	if (sub->flows == 1)
@@ -331,7 +353,7 @@ static inline int radio_on_tx_start(struct radio_sub *sub, struct radio_flow *f,
 	 * link's grants, keeps the window its last ACK gave it. Its socket may hold less than a window
 	 * unsent just then (the proxy refills it once the ACK has freed room): capped to that, it lost a
 	 * tenth of its goodput on the 3G and drive traces. */
-	if (f->in_flight || !f->has_sub ||
+	if (f->in_flight || !radio_attached(sub, f) ||
 	    (f->window_id && (f->window_id == sub->window_id || f->window_id == sub->window_id + 1)))
 		return 0;
 	__builtin_memset(out, 0, sizeof(*out));
@@ -352,7 +374,7 @@ static inline int radio_on_tx_start(struct radio_sub *sub, struct radio_flow *f,
 /* A flow ends: what it had in flight leaves its subscriber's count. */
 static inline void radio_stop(struct radio_sub *sub, struct radio_flow *f, __u32 mss)
 {
-	if (!f->has_sub)
+	if (!radio_attached(sub, f))
 		return;
 	f->has_sub = 0;
 	if (sub->flows)
@@ -466,7 +488,7 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
  * sure of (radio_end_window); one too low would read a queue that is not there, for good. Without
  * timestamps: the RTT over the minimum. */
 static inline __u32 radio_queue_sample(struct radio_flow *f, const struct radio_ack *a, __u32 min_rtt_us,
-					__u64 since_us)
+					__u64 since_us, __s64 peer_us)
 {
 	__u32 qd, timer_wait = 0;
 	__s64 owd;
@@ -485,7 +507,7 @@ static inline __u32 radio_queue_sample(struct radio_flow *f, const struct radio_
 	if (!a->tsval) {
 		qd = radio_qdelay(a->rtt_us, min_rtt_us);
 	} else {
-		owd = (__s64)a->tsval * 1000 - (__s64)(a->now_us - a->rtt_us);
+		owd = peer_us - (__s64)(a->now_us - a->rtt_us);
 		if (!f->has_base || owd < f->owd_base) {
 			f->owd_base = owd;
 			f->has_base = 1;
@@ -495,6 +517,31 @@ static inline __u32 radio_queue_sample(struct radio_flow *f, const struct radio_
 	return qd > timer_wait ? qd - timer_wait : 0;
 }
 
+/* The peer's timestamp in us of its clock, counted on past the wrap of its 32 bits (at 1 kHz every
+ * 49.7 days, from a random start: any connection may meet one). Taken as it is, the wrap moved the
+ * one-way delay and the uplink's wait by 2^32 ms, and the flow never ended a control window again.
+ * Serial arithmetic (RFC 7323): a timestamp older than the newest (an ACK reordered) is of the
+ * wrap before when it is numerically larger. 0 without timestamps. */
+static inline __s64 radio_peer_us(struct radio_flow *f, __u32 tsval)
+{
+	__s64 wraps;
+
+	if (!tsval)
+		return 0;
+	if (!f->has_ts) {
+		f->has_ts = 1;
+		f->last_tsval = tsval;
+	} else if ((__s32)(tsval - f->last_tsval) > 0) {
+		if (tsval < f->last_tsval)
+			f->ts_wraps++;
+		f->last_tsval = tsval;
+	}
+	wraps = f->ts_wraps;
+	if ((__s32)(tsval - f->last_tsval) < 0 && tsval > f->last_tsval && wraps)
+		wraps--;
+	return ((wraps << 32) + tsval) * 1000;
+}
+
 /* How long this ACK waited on the uplink beyond the least any ACK of its flow waited: the
  * subscriber's clock (its timestamp, when it sent the ACK) against ours. ACKs wait for the uplink's
  * own grants, and a silence of the uplink hands over the ACKs of a quarter of a second at once:
@@ -502,13 +549,13 @@ static inline __u32 radio_queue_sample(struct radio_flow *f, const struct radio_
  * max filter like BBR's) and as a pause of the downlink that never was. The law times its control
  * windows and pauses by `now - hold`: when the subscriber sent the ACK, on our clock.
  * A flow's base only moves down, as owd_base does. 0 without timestamps. */
-static inline __u64 radio_uplink_hold(struct radio_flow *f, const struct radio_ack *a)
+static inline __u64 radio_uplink_hold(struct radio_flow *f, const struct radio_ack *a, __s64 peer_us)
 {
 	__s64 up;
 
 	if (!a->tsval)
 		return 0;
-	up = (__s64)a->now_us - (__s64)a->tsval * 1000;
+	up = (__s64)a->now_us - peer_us;
 	if (!f->has_up || up < f->up_base) {
 		f->up_base = up;
 		f->has_up = 1;
@@ -555,7 +602,8 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 	 * heard (an uplink's stall would read as a pause: a short flow's first flight counts as in flight
 	 * from its first packet, radio_on_tx_start). */
 	int dated = f->has_up || !a->tsval;
-	__u64 held = radio_uplink_hold(f, a);
+	__s64 peer_us = radio_peer_us(f, a->tsval);
+	__u64 held = radio_uplink_hold(f, a, peer_us);
 	__u64 rx = a->now_us - held;                     /* when the subscriber sent this ACK */
 	__u32 sample_qd = ~0U;
 	__u32 path_sample = 0;
@@ -585,7 +633,7 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 	} else if (a->rtt_us && a->now_us - a->rtt_us >= sub->resumed_us) {
 		/* (A packet sent before the link resumed waited out the pause: its delay is not a queue.) */
 		__u32 qd = radio_queue_sample(f, a, base_rtt,
-					      (__s64)(rx - f->last_rx_us) > 0 ? rx - f->last_rx_us : 0);
+					      (__s64)(rx - f->last_rx_us) > 0 ? rx - f->last_rx_us : 0, peer_us);
 
 		/* A flow that began beside the others' data in flight may have taken their queue for its
 		 * base, and reads that queue as none: its samples count once a drain that began after it
@@ -643,7 +691,7 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 	 * flow that filled a small window of its own while the others left most of the subscriber's
 	 * unused (a window grown so would land on the radio's queue at once when they end). */
 	if (!a->app_limited && a->prior_in_flight * 4 >= a->cwnd * 3 &&
-	    (sub->inflight + (__s64)(a->prior_in_flight - a->packets_out) * a->mss) * 4 >= (__s64)sub->window * 3)
+	    (sub->inflight + ((__s64)a->prior_in_flight - (__s64)a->packets_out) * a->mss) * 4 >= (__s64)sub->window * 3)
 		sub->win_full = 1;
 
 	start = sub->win_start_us;

@@ -1,9 +1,10 @@
 """The control plane's side of congestion/radio.h: pep_radio, the access side's congestion control.
 
-Follows congestion/radio.h (name, constants, the layouts of struct radio_params and struct
-radio_graph_stats, the histograms' bucket bounds) and the map names congestion/radio.bpf.c gives
-its maps. tests/unit/test_radio_contract.py compiles the header and compares all of it with what
-is here: a field added, removed, resized or moved in the header fails that test, and a loaded
+Follows congestion/radio.h (name, constants, the layouts of struct radio_params, struct
+radio_graph_stats and struct radio_sub_key, the histograms' bucket bounds) and the map names
+congestion/radio.bpf.c gives its maps. tests/unit/test_radio_contract.py compiles the header and
+compares all of it with what is here: a field added, removed, resized or moved in the header fails
+that test, and a loaded
 object whose maps' value sizes differ from these layouts is refused at run time (ValueError), so
 a change never reads as silent garbage.
 
@@ -15,7 +16,9 @@ map access goes through bpf(2) (pepctl/bpfsys.py).
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 import struct
 import time
 
@@ -80,6 +83,7 @@ class Layout:
 
 
 PARAMS = Layout("radio_params", (("target_us", "I"), ("flags", "I")))
+SUB_KEY = Layout("radio_sub_key", (("netns", "I"), ("family", "I"), ("addr", "16s")))
 EPOCH_SLOTS = 2                     # active[2], indexed by epoch % 2
 STATS = Layout("radio_graph_stats", (
     ("flows_started", "Q"), ("flows_ended", "Q"), ("flows_warm", "Q"), ("subscribers_new", "Q"), ("outages", "Q"),
@@ -94,6 +98,13 @@ STATS = Layout("radio_graph_stats", (
 def netns_key(netns_path: str) -> bytes:
     """The maps' key of a namespace: its inode number. FileNotFoundError if it is gone."""
     return KEY.pack(os.stat(netns_path).st_ino)
+
+
+def subscriber_key(netns_path: str, address: str) -> bytes:
+    """radio_subs' key of a subscriber (its address, IPv4 or IPv6) in a graph's namespace."""
+    ip = ipaddress.ip_address(address)
+    return SUB_KEY.pack(netns=os.stat(netns_path).st_ino, family=socket.AF_INET if ip.version == 4 else socket.AF_INET6,
+                        addr=ip.packed.ljust(16, b"\0"))
 
 
 def _map(pins: str, name: str, read_only: bool = False) -> bpfsys.Map:

@@ -140,6 +140,28 @@ def test_its_statistics_move_with_downloads(lab):
     assert sum(after["qdelay_bucket"]) == after["windows"] == sum(after["rate_bucket"]), after
 
 
+def test_a_flow_whose_subscriber_was_evicted_joins_again(lab):
+    """The subscriber's entry goes while its download runs (the LRU map evicts entries under pressure;
+    here bpf(2) deletes it): the download's next ACKs put it back, and the download goes on. Left out
+    of the map, a flow kept the window it had, for good (a single packet after a timeout)."""
+    key = radio_maps.subscriber_key(graph_ns(lab), CLIENT)
+    before = stats(lab)
+    load = slow_download(lab, 6)
+    try:
+        with bpfsys.Map(os.path.join(PINS, radio_maps.SUBS_MAP)) as subs:
+            wait_for(lambda: subs.lookup(key) is not None, timeout=5,
+                     what=f"{radio_maps.SUBS_MAP}: an entry of {CLIENT} in {graph_ns(lab)} while it downloads")
+            subs.delete(key)
+            wait_for(lambda: subs.lookup(key) is not None, timeout=5,
+                     what=f"{radio_maps.SUBS_MAP}: the entry of {CLIENT} back, put there by its download's ACKs")
+    finally:
+        code = load.wait(timeout=20)
+    assert code in (0, 28), f"the download after its subscriber's entry went: curl exit {code}"
+    after = stats(lab)
+    assert after["subscribers_new"] >= before["subscribers_new"] + 1, \
+        f"subscribers_new {before['subscribers_new']} -> {after['subscribers_new']}: the entry made again counts"
+
+
 def test_the_exporter_serves_its_metrics(lab):
     load = slow_download(lab, 28)     # control windows in every epoch, so one completes with it active
     try:

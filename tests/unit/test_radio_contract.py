@@ -21,7 +21,7 @@ from pepctl import radio_maps as rm
 CONGESTION = os.path.join(os.path.dirname(__file__), "..", "..", "congestion")
 HEADER = os.path.join(CONGESTION, "radio.h")
 PROGRAM = os.path.join(CONGESTION, "radio.bpf.c")
-LAYOUTS = (rm.PARAMS, rm.STATS)
+LAYOUTS = (rm.PARAMS, rm.STATS, rm.SUB_KEY)
 # #define -> the mirror's value.
 CONSTANTS = {"RADIO_GRAPHS_MAX": rm.GRAPHS_MAX, "RADIO_SUBSCRIBERS_MAX": rm.SUBSCRIBERS_MAX,
              "RADIO_TARGET_US": rm.TARGET_US, "RADIO_EPOCH_US": rm.EPOCH_US, "RADIO_STALE_US": rm.STALE_US,
@@ -124,6 +124,8 @@ def test_maps_of_the_program_are_the_mirror_s():
         assert f"__uint(max_entries, {entries})" in maps[name], f"map {name}: max_entries is not {entries}"
     for name in (rm.PARAMS_MAP, rm.STATS_MAP):
         assert "__type(key, __u32)" in maps[name], f"map {name}: key is not __u32 (the namespace's inode)"
+    assert "__type(key, struct radio_sub_key)" in maps[rm.SUBS_MAP], \
+        f"map {rm.SUBS_MAP}: key is not struct radio_sub_key"
     assert re.search(r"\.name = RADIO_NAME,", _text(PROGRAM)), f"{PROGRAM}: the struct_ops is not named RADIO_NAME"
 
 

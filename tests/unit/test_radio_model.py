@@ -223,6 +223,16 @@ def test_without_timestamps_the_law_falls_back_on_rtts(model, tmp_path):
     assert got["goodput_mbps"] >= 0.9 * got["offered_mbps"], f"goodput {got['goodput_mbps']} Mbit/s"
 
 
+def test_the_peer_s_timestamps_wrapping_change_nothing(model, tmp_path):
+    """A peer's 32-bit timestamp (ms) wraps every 49.7 days, from a random start: a download whose
+    peer's clock wraps 5 s in goes on as one whose does not. Taken as it was, the wrap moved the one-way
+    delay by 2^32 ms and the flow never ended a control window again."""
+    link = (constant(10), constant(5), "--seconds", "15")
+    plain, wrapped = run(model, tmp_path, *link), run(model, tmp_path, *link, "--ts-wrap", "5")
+    for key in ("goodput_mbps", "windows", "wait_p95_ms", "p95_ms"):
+        assert wrapped[key] == plain[key], f"peer's clock wrapping 5 s in: {key} {wrapped[key]}, without {plain[key]}"
+
+
 def series_waits(model: str, tmp_path, down: list[int], up: list[int], *args: str) -> tuple[dict, list]:
     """The model's JSON and its --series: (seconds, the link's queue wait in ms) every 100 ms."""
     proc = subprocess.run([model, "--series", *args, write_trace(tmp_path / "down", down),
