@@ -297,6 +297,7 @@ struct flow {
 	int pending;                       /* a page connection: its next request is on its way */
 	int send_scheduled;
 	__u32 srtt, rttvar, rto_gen, rto_backoff;
+	__u32 rto_max_ms;                  /* pep_radio's cap on the timer (radio_rto_max_ms), from its start */
 	__u64 last_progress;
 	struct radio_flow rf;
 	/* --sender cubic */
@@ -371,8 +372,8 @@ static __u32 rto_us(struct flow *f)
 	r <<= f->rto_backoff;
 	/* pep_radio's sockets back off to RADIO_RTO_MAX_MS for a silence's first retransmissions
 	 * (radio.bpf.c, shorten_backoff); the model's CUBIC is the origin's, on the kernel's timers. */
-	if (!sender_cubic && f->rto_backoff < RADIO_FAST_RETRIES && r > RADIO_RTO_MAX_MS * 1000ULL)
-		return RADIO_RTO_MAX_MS * 1000;
+	if (!sender_cubic && f->rto_backoff < RADIO_FAST_RETRIES && r > f->rto_max_ms * 1000ULL)
+		return f->rto_max_ms * 1000;
 	return r > 1000000 * 10 ? 10000000 : r;
 }
 
@@ -492,6 +493,7 @@ static void flow_start(struct flow *f, __u32 id, __u64 now, __u32 handshake_rtt)
 	f->started = 1;
 	f->srtt = handshake_rtt;
 	f->rttvar = handshake_rtt / 2;
+	f->rto_max_ms = radio_rto_max_ms(handshake_rtt);
 	f->last_progress = now;
 	if (sender_cubic) {
 		try_send(f, id, now);

@@ -137,7 +137,7 @@ static __always_inline __u32 kernel_patience_ms(__u32 retries, __u32 rto_max_ms)
 static __always_inline void shorten_backoff(struct sock *sk, struct radio_flow *f)
 {
 	struct net *net = sk->__sk_common.skc_net.net;
-	int rto_max = RADIO_RTO_MAX_MS;
+	int rto_max = radio_rto_max_ms(((struct tcp_sock *)sk)->srtt_us >> 3);
 	int patience = kernel_patience_ms(net->ipv4.sysctl_tcp_retries2, net->ipv4.sysctl_tcp_rto_max_ms);
 
 	if (bpf_setsockopt(sk, SOL_TCP, TCP_USER_TIMEOUT, &patience, sizeof(patience)))

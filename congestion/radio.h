@@ -35,6 +35,7 @@
 #define RADIO_DELACK_US 40000             /* a receiver's delayed-ACK timer, at least (Linux: TCP_DELACK_MIN) */
 #define RADIO_EPOCH_US 10000000            /* "subscribers active" counts those heard in one epoch */
 #define RADIO_RTO_MAX_MS 1000              /* the retransmission timer's longest backoff (the least the kernel takes) */
+#define RADIO_RTO_MAX_RTTS 3               /* ... or this many of the handshake's round trips, if longer */
 #define RADIO_FAST_RETRIES 20              /* ... for this many retransmissions of one silence (about 20 s) */
 
 /* radio_params: HASH, key __u32 (the graph namespace's inode number).

@@ -300,6 +300,18 @@ static inline int radio_attached(const struct radio_sub *sub, const struct radio
 	return f->has_sub && f->sub_id == sub->id;
 }
 
+/* The access side's longest retransmission timer (ms): RADIO_RTO_MAX_MS, or RADIO_RTO_MAX_RTTS of the
+ * round trip the flow began with on a longer path. Since Linux 6.15 the cap bounds the timer itself,
+ * not only its backoff (tcp_bound_rto): on a path whose timer is over a second (a GEO satellite's
+ * 600 ms round trip and the 200 ms the kernel adds to it at least, or a queue that stood) the timer
+ * fired before the ACK could come back, and the window it retransmitted was not lost. */
+static inline __u32 radio_rto_max_ms(__u32 srtt_us)
+{
+	__u64 rtts = (__u64)srtt_us * RADIO_RTO_MAX_RTTS / 1000;
+
+	return rtts > RADIO_RTO_MAX_MS ? (__u32)rtts : RADIO_RTO_MAX_MS;
+}
+
 /* Whether an entry still describes its subscriber's link. Signed: another flow's last ACK, on another
  * CPU, may be stamped a little after this flow's clock, and an entry in use is not stale. */
 static inline int radio_sub_fresh(const struct radio_sub *sub, __u64 now_us)

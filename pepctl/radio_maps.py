@@ -32,6 +32,7 @@ EPOCH_US = 10_000_000               # RADIO_EPOCH_US: "subscribers active" count
 STALE_US = 30_000_000               # RADIO_STALE_US: a subscriber's state older than this starts over
 OUTAGE_US = 250_000                 # RADIO_OUTAGE_US
 RTO_MAX_MS = 1000                   # RADIO_RTO_MAX_MS: the access side's longest retransmission backoff
+RTO_MAX_RTTS = 3                    # RADIO_RTO_MAX_RTTS: ... or this many of the handshake's round trips
 FAST_RETRIES = 20                   # RADIO_FAST_RETRIES: ... for this many retransmissions of a silence
 # Bucket i counts the samples above bound i-1 and at most bound i; a bound of 0 is +Inf and
 # closes the list (the exporter makes them cumulative).

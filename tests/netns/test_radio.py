@@ -373,6 +373,32 @@ def test_a_download_retries_every_second_through_an_outage_and_keeps_its_connect
         f"after {radio_maps.FAST_RETRIES} retransmissions the kernel's backoff should be back: {seen[-10:]}"
 
 
+def test_a_long_round_trip_keeps_its_timer_above_it(lab):
+    """A 900 ms round trip (a GEO satellite's 600 ms and a queue; a 3G cell at its edge): the access
+    side's retransmission timer, which the kernel sets at the round trip and 200 ms more at least,
+    stays over a second. The short backoff caps the timer itself since Linux 6.15 (tcp_bound_rto):
+    capped at RADIO_RTO_MAX_MS it would fire before an ACK could come back. On such a path the cap
+    is RADIO_RTO_MAX_RTTS of the handshake's round trip."""
+    set_link(lab, "none", "delay=450")
+    load = slow_download(lab, 12, "200k")
+
+    def sampled():
+        """`ss -tin` of the socket toward the client once 20 packets are acknowledged: the kernel has
+        set its timer from their round trips (the handshake's alone is not capped yet)."""
+        out = ss(lab, CLIENT)
+        m = re.search(r"\bdelivered:(\d+)", out)
+        return out if m and int(m.group(1)) >= 20 else None
+    try:
+        out = wait_for(sampled, timeout=10, what=f"20 packets toward {CLIENT} acknowledged on a 900 ms path")
+    finally:
+        load.kill()
+        load.wait()
+        set_link(lab, "none")
+    rto = re.search(r"\brto:(\d+)", out)
+    assert rto and int(rto.group(1)) > radio_maps.RTO_MAX_MS, \
+        f"a 900 ms path: the retransmission timer must stay over {radio_maps.RTO_MAX_MS} ms; `ss -tin`:\n{out}"
+
+
 def test_a_connection_with_its_window_shut_outlives_an_outage(lab, tmp_path):
     """A client that does not read (its receive buffer full, its window shut) while its link stops for
     20 s: the proxy probes the window on the retransmission timer's backoff, and tcp_retries2's 15
