@@ -172,7 +172,9 @@ static inline int radio_is_outage(__u64 gap_us, int in_flight_before)
  * one. Returns the minimum of both. */
 static inline __u32 radio_min_rtt(__u32 *cur, __u32 *prev, __u64 *stamp_us, __u64 now_us, __u32 sample_us)
 {
-	if (now_us - *stamp_us >= RADIO_MIN_RTT_WIN_US / 2) {
+	/* (Signed: a stamp another CPU set may be a little after this ACK's clock; read unsigned, it
+	 * turned the buckets over at once and lost the minimum.) */
+	if ((__s64)(now_us - *stamp_us) >= RADIO_MIN_RTT_WIN_US / 2) {
 		*prev = *cur;
 		*cur = sample_us;
 		*stamp_us = now_us;
@@ -389,8 +391,9 @@ static inline void radio_stop(struct radio_sub *sub, struct radio_flow *f, __u32
 	if (!radio_attached(sub, f))
 		return;
 	f->has_sub = 0;
-	if (sub->flows)
-		__sync_fetch_and_add(&sub->flows, -1);
+	/* Never below 0 for good: two ends at once both found 1 when the count was read first. */
+	if (!__sync_fetch_and_add(&sub->flows, -1))
+		__sync_fetch_and_add(&sub->flows, 1);
 	__sync_fetch_and_add(&sub->inflight, -(__s64)f->in_flight * mss);
 }
 
@@ -593,7 +596,7 @@ static inline int radio_path_sample_ok(__u64 held_us, __u32 min_rtt_us)
  * an outage's, and changes nothing. */
 static inline void radio_on_rto(struct radio_sub *sub, __u64 now_us)
 {
-	if (now_us - sub->last_ack_us < RADIO_SILENCE_US)
+	if ((__s64)(now_us - sub->last_ack_us) < RADIO_SILENCE_US)
 		__sync_fetch_and_add(&sub->win_lost, sub->window);
 }
 
