@@ -455,6 +455,7 @@ def apply(steps: list[Step], journal: Journal, *, log: Callable[[str], None] = p
     ran = 0
     try:
         for step in steps:
+            _stop_if_told()
             if step.done is not None and step.done():
                 continue
             if isinstance(step.run, Call) and step.run.name == "note":
@@ -468,6 +469,7 @@ def apply(steps: list[Step], journal: Journal, *, log: Callable[[str], None] = p
             log(f"  {step.what}")
             if notice:
                 log(f"  notice: {notice}")
+        _stop_if_told()
     except BaseException:
         log("failed: rolling back what was made")
         for e in undo_all(journal, log=log):    # (it holds SIGTERM and Ctrl-C until it is done)
@@ -527,11 +529,26 @@ def rollback_left(journal: Journal, retry: str) -> str:
     return f"the rollback left {len(journal.undo)} undo step(s) in {journal.path}: run {retry} to retry them"
 
 
+# The signal that told this process to stop (stop_on_sigterm), once one has.
+_told_to_stop: int | None = None
+
+
 def _interrupt(signum: int, frame) -> None:
     # Told once: the process unwinds (rollbacks, `with` exits), and a second SIGTERM must not cut that
     # short before undo_all holds it (interrupts_held). SIGKILL still stops it.
+    global _told_to_stop
+    _told_to_stop = signum
     signal.signal(signal.SIGTERM, _dropped)
     raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+
+def _stop_if_told() -> None:
+    """Raise the stop again if it was swallowed. Python runs a signal's handler in whatever Python code
+    runs then, and the KeyboardInterrupt of one that lands in a __del__ (a Popen's, as run() drops it)
+    or a finalizer is only printed: `pep-lab up` built its whole lab after a SIGTERM, and exited 0.
+    So apply() looks again between steps."""
+    if _told_to_stop is not None:
+        raise KeyboardInterrupt(f"stopped by signal {_told_to_stop}")
 
 
 def _dropped(signum: int, frame) -> None:

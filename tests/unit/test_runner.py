@@ -25,6 +25,7 @@ def sigterm_unwinds():
         yield
     finally:
         signal.signal(signal.SIGTERM, before)
+        runner._told_to_stop = None     # (this test process goes on: its next apply() is not stopped)
 
 
 def journal_in(tmp_path) -> runner.Journal:
@@ -69,6 +70,42 @@ def test_an_interrupted_up_rolls_back_and_stays_interrupted(tmp_path, sigterm_un
     # (the `with` exits of a benchmark holding labs).
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.05)
+
+
+class SignalledInItsDel:
+    """Sends this process SIGTERM as it is dropped, so the handler's KeyboardInterrupt is raised in
+    __del__, where Python only prints it: as a SIGTERM that lands while run() drops its Popen."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+
+
+SWALLOWED = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")   # (what __del__ printed)
+
+
+@SWALLOWED
+def test_a_stop_swallowed_in_a_del_still_stops_the_up(tmp_path, sigterm_unwinds, monkeypatch):
+    made, after = tmp_path / "made", tmp_path / "after"
+    monkeypatch.setitem(runner.ACTIONS, "swallowed_stop", lambda: SignalledInItsDel() and None)
+    steps = [runner.Step("make a file", ["touch", str(made)], undo=["rm", str(made)]),
+             runner.Step("told to stop in a __del__", runner.Call("swallowed_stop", (), "")),
+             runner.Step("a step after the stop", ["touch", str(after)])]
+    with pytest.raises(KeyboardInterrupt):
+        runner.apply(steps, journal_in(tmp_path), log=lambda m: None)
+    assert not after.exists(), "a step ran after SIGTERM: the stop was lost in a __del__"
+    assert not made.exists(), "the step before the stop was not undone"
+
+
+@SWALLOWED
+def test_a_stop_swallowed_in_the_last_step_still_rolls_it_back(tmp_path, sigterm_unwinds, monkeypatch):
+    made = tmp_path / "made"
+    monkeypatch.setitem(runner.ACTIONS, "swallowed_stop", lambda: SignalledInItsDel() and None)
+    steps = [runner.Step("make a file", ["touch", str(made)], undo=["rm", str(made)]),
+             runner.Step("told to stop in a __del__", runner.Call("swallowed_stop", (), ""))]
+    with pytest.raises(KeyboardInterrupt):
+        runner.apply(steps, journal_in(tmp_path), log=lambda m: None)
+    assert not made.exists(), "an up told to stop in its last step was left built"
 
 
 def test_what_a_rollback_could_not_undo_stays_in_the_journal(tmp_path):
