@@ -45,6 +45,8 @@
  *                    kept in order (linkem's jitter= without reorder=1)
  *     --no-timestamps  the client sends no TCP timestamps (the law falls back on RTTs)
  *     --ts-wrap S    the client's timestamps (32 bits of ms) wrap S seconds in
+ *     --ts-hz HZ     the client's timestamps tick HZ times a second (default 1000, as
+ *                    Linux since 4.13; older kernels tick at HZ: 100, 250, 300)
  *     --series       print a line per 100 ms: time, queue delay, window, rate
  *     --page S       a page load S seconds in (bench responsiveness: 3)
  *     --sender cubic end-to-end CUBIC instead of pep_radio
@@ -68,7 +70,7 @@
 #define DATA_FRAME 1514
 #define ACK_FRAME 66
 #define OPP_BYTES 1500
-#define MAX_FLOWS 512
+#define MAX_FLOWS 16384                /* connections in a run: a request's every 200 ms, 54 min */
 #define MAX_PKTS (1 << 20)
 #define MAX_BULK 8
 #define PAGE_CONNS 6
@@ -324,6 +326,7 @@ static size_t nreq;
 
 static int timestamps = 1;             /* the client sends TCP timestamps (--no-timestamps: not) */
 static double ts_wrap_s = -1;          /* --ts-wrap S: the client's timestamps wrap S s in */
+static double ts_hz = 1000;            /* --ts-hz HZ: the client's timestamp clock (RFC 7323: 1 Hz to 1 kHz) */
 static int sender_cubic;               /* --sender cubic */
 static int sender_oracle;              /* --sender oracle */
 static __u64 path_rtt_us;              /* the path's round trip with no queue: both delays */
@@ -331,15 +334,21 @@ static __u32 page_pkts[PAGE_OBJECTS];  /* the page's objects in packets, in the 
 static size_t page_next, page_left;
 static __u64 page_start, page_end;
 
-/* The client's TCP timestamp when it sends an ACK: its ms clock plus the connection's offset. */
+/* The client's TCP timestamp when it sends an ACK: its clock (ms, or --ts-hz) plus the connection's offset. */
 static __u32 client_tsval(const struct flow *f, __u64 now)
 {
-	return timestamps ? (__u32)(now / 1000 + f->ts_offset) | 1 : 0;
+	return timestamps ? (__u32)((__u64)((double)now * ts_hz / 1e6) + f->ts_offset) | 1 : 0;
 }
 
 static struct flow *new_flow(int bulk, __u64 total, int page)
 {
-	struct flow *f = &flows[nflows++ % MAX_FLOWS];
+	struct flow *f;
+
+	if (nflows >= MAX_FLOWS) {      /* (a slot used again freed a flow whose events were still queued) */
+		fprintf(stderr, "model: more than %d connections; make --seconds shorter\n", MAX_FLOWS);
+		exit(2);
+	}
+	f = &flows[nflows++];
 	size_t n = bulk || page ? MAX_PKTS : total + 1;
 
 	free(f->state);
@@ -358,7 +367,7 @@ static struct flow *new_flow(int bulk, __u64 total, int page)
 	f->cw = f->cwnd;
 	f->ssthresh = 1e9;
 	/* random-looking, a different one per connection; --ts-wrap: each one's clock wraps then */
-	f->ts_offset = ts_wrap_s >= 0 ? (__u32)(0 - (__u32)(ts_wrap_s * 1000)) + (__u32)nflows
+	f->ts_offset = ts_wrap_s >= 0 ? (__u32)(0 - (__u32)(ts_wrap_s * ts_hz)) + (__u32)nflows
 				      : (__u32)(nflows * 2654435761u);
 	return f;
 }
@@ -782,6 +791,8 @@ int main(int argc, char **argv)
 			timestamps = 0;
 		else if (!strcmp(argv[i], "--ts-wrap") && i + 1 < argc)
 			ts_wrap_s = atof(argv[++i]);
+		else if (!strcmp(argv[i], "--ts-hz") && i + 1 < argc)
+			ts_hz = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--leave") && i + 1 < argc)
 			leave_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--join") && i + 1 < argc)
@@ -803,8 +814,12 @@ int main(int argc, char **argv)
 	}
 	if (npaths != 2 || nbulk < 1 || nbulk > MAX_BULK) {
 		fprintf(stderr, "usage: model [--seconds S] [--delay MS] [--limit MS] [--target MS] [--flows N] "
-			"[--offset S] [--loss P] [--jitter MS] [--no-timestamps] [--ts-wrap S] [--idle] [--series] [--page S] [--join S] [--bulk-at S] [--leave S] [--sender cubic|oracle] "
+			"[--offset S] [--loss P] [--jitter MS] [--no-timestamps] [--ts-wrap S] [--ts-hz HZ] [--idle] [--series] [--page S] [--join S] [--bulk-at S] [--leave S] [--sender cubic|oracle] "
 			"DOWN_TRACE UP_TRACE\n");
+		return 2;
+	}
+	if (ts_hz <= 0) {
+		fprintf(stderr, "model: --ts-hz %g: a clock ticks a positive number of times a second\n", ts_hz);
 		return 2;
 	}
 	if (jitter_ms > delay_ms) {
@@ -851,7 +866,7 @@ int main(int argc, char **argv)
 
 	while (heap_n) {
 		struct event e = pop();
-		struct flow *f = &flows[e.flow % MAX_FLOWS];
+		struct flow *f = &flows[e.flow];
 		__u64 at;
 
 		if (e.t > end + 10000000)
