@@ -86,6 +86,7 @@ struct radio_sub {
 	__u8 draining;                     /* this control window drains the queue: half the path flies */
 	__u8 win_seen;                     /* RADIO_SEEN_*: whose ACKs the window had (radio_window_blind) */
 	__u8 blind;                        /* windows in a row that were blind, up to 255 */
+	__u8 ts_clock;                     /* RADIO_TS_*: its flows' timestamp clock, as last judged */
 };
 
 /* radio_flow: a socket's own state, in its icsk_ca_priv (at most 104 bytes). */
@@ -101,6 +102,11 @@ struct radio_flow {
 	__u32 sub_id;                      /* the id of the entry it holds a count in */
 	__u32 last_tsval;                  /* the peer's newest timestamp, and how often its 32 bits */
 	__u32 ts_wraps;                    /* ... wrapped (radio_peer_us) */
+	__u32 ts_ref;                      /* a timestamp its clock is judged from (radio_peer_clock) */
+	__u32 ts_ref_ms;                   /* ... our clock then, ms (odd); 0: none yet */
+	__u32 ts_ref_rtt_us;               /* ... and that ACK's RTT */
+	__u32 owd_base_ms;                 /* our clock when owd_base was taken, ms (radio_drifting_base) */
+	__u32 up_base_ms;                  /* ... and up_base */
 	__u8 has_sub;                      /* it holds a count in its subscriber's entry */
 	__u8 has_base;                     /* owd_base is set */
 	__u8 has_up;                       /* up_base is set */
@@ -108,8 +114,11 @@ struct radio_flow {
 	__u8 proven;                       /* its owd_base has seen the queue empty: its samples count */
 	__u8 timers;                       /* RADIO_TIMERS_*: whose retransmission timers it runs on */
 	__u8 has_ts;                       /* last_tsval is set */
-	__u8 pad[1];
+	__u8 ts_clock;                     /* RADIO_TS_*: does the peer's timestamp clock tick in ms? */
 };
+#define RADIO_TS_JUDGING 0                 /* ts_clock: not judged yet (radio_peer_clock) */
+#define RADIO_TS_MS 1                      /* ... about 1 kHz: its timestamps are read as its ms clock */
+#define RADIO_TS_OTHER 2                   /* ... another rate: read as if it sent none */
 #define RADIO_TIMERS_KERNEL 0              /* radio_flow.timers: the kernel's own */
 #define RADIO_TIMERS_SHORT 1               /* ... backoff capped at RADIO_RTO_MAX_MS, patience kept */
 #define RADIO_TIMERS_SILENT 2              /* ... the kernel's again: a long silence, or a shut window */

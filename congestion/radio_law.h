@@ -59,6 +59,9 @@
 #define RADIO_BLIND_WINDOWS 2              /* windows in a row blind before that drain */
 #define RADIO_SEEN_PROVEN 1                /* win_seen: an ACK of a flow whose samples count */
 #define RADIO_SEEN_SET_ASIDE 2             /* ... a queue sample set aside: its flow is not proven yet */
+#define RADIO_TS_JUDGE_MS 200              /* a peer's clock is judged over this long at least, */
+#define RADIO_TS_JUDGE_RTTS 4              /* ... and this many round trips */
+#define RADIO_DRIFT_PPM 200                /* the most a peer's clock drifts from ours (radio_drifting_base) */
 
 /* The standing queue: the window's least RTT above the minimum RTT. */
 static inline __u32 radio_qdelay(__u32 rtt_us, __u32 min_rtt_us)
@@ -211,7 +214,7 @@ struct radio_ack {
 	__u32 prior_in_flight;             /* in flight before it */
 	__u32 cwnd;                        /* the flow's window before it */
 	__u32 mss;
-	__u32 tsval;                       /* the peer's timestamp on it (ms, its own clock); 0: none */
+	__u32 tsval;                       /* the peer's timestamp on it (its clock: ms, radio_peer_clock); 0: none */
 	__u8 app_limited;                  /* the packet was sent while the application had nothing more */
 };
 
@@ -287,12 +290,15 @@ static inline void radio_sub_init(struct radio_sub *sub, __u64 now_us, __u32 srt
  * still open (a subscriber silent for RADIO_STALE_US with its connections kept: a push channel, a
  * tunnel). Their count, what they have in flight and the entry's id carry over; started from zero,
  * their ACKs and their ends drove both below zero for good, and a negative flight left the window
- * unable to grow (win_full) or to bound the flows' sum. */
+ * unable to grow (win_full) or to bound the flows' sum. The verdict on its timestamp clock carries
+ * over too: it is the device's, and a slow clock taken for ms again filled the buffer for the
+ * seconds its next flow took to be judged (radio_peer_clock). */
 static inline void radio_sub_renew(struct radio_sub *fresh, const struct radio_sub *old)
 {
 	fresh->flows = old->flows;
 	fresh->inflight = old->inflight;
 	fresh->id = old->id;
+	fresh->ts_clock = old->ts_clock;
 }
 
 /* Whether the flow holds a count in this entry: it joined it (radio_start), not an entry of its
@@ -494,19 +500,41 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
 	out->measured = measured;
 }
 
+/* A base of one-way delays, the peer's clock against ours: the least sample, less the drift of the
+ * two clocks since it was taken. Crystals drift by tens of ppm (RADIO_DRIFT_PPM covers the worst),
+ * so the true base moves by up to a few hundred ms an hour, and a base that only moved down read
+ * the drift as a queue that grew for good (the model, a peer 100 ppm fast, one download of 15 min:
+ * 0.77 of the goodput, and the queue's p95 364 ms): it rises by RADIO_DRIFT_PPM of the time since its
+ * sample, and the next sample below it takes its place. The queue read short by the rise is at
+ * most that of the time since the last empty queue: the subscriber's drains (RADIO_DRAIN_EVERY_US)
+ * keep it under 2 ms. */
+static inline __s64 radio_drifting_base(__s64 *base, __u32 *stamp_ms, __u8 *has, __s64 sample, __u64 now_us)
+{
+	__u32 now_ms = (__u32)(now_us / 1000);
+	__s64 drifted = *base + (__s64)(now_ms - *stamp_ms) * RADIO_DRIFT_PPM / 1000;
+
+	if (*has && sample >= drifted)
+		return drifted;
+	*base = sample;
+	*stamp_ms = now_ms;
+	*has = 1;
+	return sample;
+}
+
 /* The queue this ACK saw on the way to the subscriber. With the peer's TCP timestamps: the one-way
  * delay (its clock when it acknowledged, less ours when we sent) over the flow's own base, so the
  * uplink's queue, which the ACKs wait in and which the flows do not fill, is left out. Each flow has
  * its own base (a peer offsets every connection's timestamps at random): the least one-way delay it
- * has seen. A base only ever moves down: one too high (a flow that began in a standing queue) reads
- * the queue short until a packet of it crosses a shorter one, which the subscriber's drains make
- * sure of (radio_end_window); one too low would read a queue that is not there, for good. Without
- * timestamps: the RTT over the minimum. */
+ * has seen. A base moves down to any sample below it, and up only by the clocks' drift
+ * (radio_drifting_base): one too high (a flow that began in a standing queue) reads the queue short
+ * until a packet of it crosses a shorter one, which the subscriber's drains make sure of
+ * (radio_end_window); one too low would read a queue that is not there, for good. Without
+ * timestamps, or from a clock not trusted (radio_peer_clock): the RTT over the minimum. */
 static inline __u32 radio_queue_sample(struct radio_flow *f, const struct radio_ack *a, __u32 min_rtt_us,
-					__u64 since_us, __s64 peer_us)
+					__u64 since_us, __s64 peer_us, int use_ts)
 {
 	__u32 qd, timer_wait = 0;
-	__s64 owd;
+	__s64 owd, base;
 
 	/* A peer that acknowledges two packets at once delays its ACKs: one that acknowledges a single
 	 * packet waited for the next packet, or for its delayed-ACK timer if that came first, and both
@@ -519,15 +547,12 @@ static inline __u32 radio_queue_sample(struct radio_flow *f, const struct radio_
 		f->delacks = 1;
 	else if (f->delacks)
 		timer_wait = since_us < RADIO_DELACK_US ? (__u32)since_us : RADIO_DELACK_US;
-	if (!a->tsval) {
-		qd = radio_qdelay(a->rtt_us, min_rtt_us);
-	} else {
+	qd = radio_qdelay(a->rtt_us, min_rtt_us);
+	if (peer_us) {     /* (the base is kept while the peer's clock is judged: it is ready when trusted) */
 		owd = peer_us - (__s64)(a->now_us - a->rtt_us);
-		if (!f->has_base || owd < f->owd_base) {
-			f->owd_base = owd;
-			f->has_base = 1;
-		}
-		qd = owd > f->owd_base ? (__u32)(owd - f->owd_base) : 0;
+		base = radio_drifting_base(&f->owd_base, &f->owd_base_ms, &f->has_base, owd, a->now_us);
+		if (use_ts)
+			qd = owd > base ? (__u32)(owd - base) : 0;
 	}
 	return qd > timer_wait ? qd - timer_wait : 0;
 }
@@ -557,25 +582,79 @@ static inline __s64 radio_peer_us(struct radio_flow *f, __u32 tsval)
 	return ((wraps << 32) + tsval) * 1000;
 }
 
+/* The subscriber's minimum RTT starts over: a flow read its queue from a clock faster than ms
+ * (radio_peer_clock), and fed the minimum its round trips less that queue. A µs clock's queue grows
+ * through every value, and a sample of it just under an RTT left a path of 2.5 ms (the lab); read
+ * against it, every RTT was a queue, and the window stayed at its floor. (A slower clock's queue
+ * read 0, so its samples were whole RTTs, and the minimum is right: kept, as it must be, for by
+ * then the window it let grow stands in the buffer, and a minimum taken anew would count it.) */
+static inline void radio_forget_min_rtt(struct radio_sub *sub, __u64 now_us)
+{
+	sub->min_rtt_us = 0;
+	sub->min_rtt_prev_us = 0;
+	sub->min_rtt_stamp_us = now_us;
+}
+
+/* Whether the peer's timestamps can be read as its ms clock. RFC 7323 lets a timestamp clock tick
+ * from once a second to once a ms, and Linux before 4.13 ticked at HZ (100, 250 or 300 on the phones
+ * and home routers of that age). Read as ms, a slower clock makes the one-way delay fall for good:
+ * the base follows it down, the queue reads empty, and the law grew the window until the buffer
+ * overflowed (the model, LTE at 250 Hz: request p95 1.2 s instead of 0.45, a page in 3.7 s instead
+ * of 1.3); every ACK also read as held on the uplink. A faster one (1 MHz: Linux's TCP_USEC_TS)
+ * reads a queue that grows for good. Not trusted, they are read as no timestamps: the queue from
+ * RTTs. A flow's clock is judged once, from two of its ACKs with RTT samples: once they are
+ * RADIO_TS_JUDGE_MS apart, and RADIO_TS_JUDGE_RTTS times the longer of their RTTs (the uplink held
+ * neither for longer than its RTT, so the count is off by a quarter at most), its clock ticks in ms
+ * if it counted within a factor of two of ours. Until then the flow goes by its subscriber's last
+ * verdict: a short flow lives too little to be judged, and a request's flow that read no queue hid
+ * the download's (the window's queue is its least sample). A subscriber with none is taken to tick
+ * in ms, as peers since Linux 4.13 do, so the first seconds of its first flow may read its queue
+ * wrong. */
+static inline int radio_peer_clock(struct radio_sub *sub, struct radio_flow *f, const struct radio_ack *a)
+{
+	__u32 now_ms = (__u32)(a->now_us / 1000), ours, theirs, longer;
+
+	if (!a->tsval || f->ts_clock != RADIO_TS_JUDGING)
+		return a->tsval && f->ts_clock == RADIO_TS_MS;
+	if (a->rtt_us && !f->ts_ref_ms) {
+		f->ts_ref = a->tsval;
+		f->ts_ref_ms = now_ms | 1;
+		f->ts_ref_rtt_us = a->rtt_us;
+	} else if (a->rtt_us) {
+		/* (ours signed: the reference was made odd, so this ms may be before it; a clock of theirs
+		 * that went back, over that long, is no ms clock either) */
+		ours = now_ms - f->ts_ref_ms;
+		theirs = a->tsval - f->ts_ref;
+		longer = a->rtt_us > f->ts_ref_rtt_us ? a->rtt_us : f->ts_ref_rtt_us;
+		if ((__s32)ours >= RADIO_TS_JUDGE_MS && ours >= RADIO_TS_JUDGE_RTTS * (longer / 1000)) {
+			f->ts_clock = (__u64)theirs * 2 >= ours && theirs <= 2 * (__u64)ours ? RADIO_TS_MS : RADIO_TS_OTHER;
+			if (theirs > 2 * (__u64)ours && sub->ts_clock != RADIO_TS_OTHER)
+				radio_forget_min_rtt(sub, a->now_us);
+			sub->ts_clock = f->ts_clock;
+		}
+	}
+	if (f->ts_clock != RADIO_TS_JUDGING)
+		return f->ts_clock == RADIO_TS_MS;
+	return sub->ts_clock != RADIO_TS_OTHER;
+}
+
 /* How long this ACK waited on the uplink beyond the least any ACK of its flow waited: the
  * subscriber's clock (its timestamp, when it sent the ACK) against ours. ACKs wait for the uplink's
  * own grants, and a silence of the uplink hands over the ACKs of a quarter of a second at once:
  * taken at their arrival they read as a burst of delivery that never happened (what inflates a
  * max filter like BBR's) and as a pause of the downlink that never was. The law times its control
  * windows and pauses by `now - hold`: when the subscriber sent the ACK, on our clock.
- * A flow's base only moves down, as owd_base does. 0 without timestamps. */
-static inline __u64 radio_uplink_hold(struct radio_flow *f, const struct radio_ack *a, __s64 peer_us)
+ * A flow's base moves as owd_base does (radio_drifting_base). 0 without timestamps, or from a clock not
+ * trusted. */
+static inline __u64 radio_uplink_hold(struct radio_flow *f, const struct radio_ack *a, __s64 peer_us, int use_ts)
 {
-	__s64 up;
+	__s64 up, base;
 
-	if (!a->tsval)
+	if (!peer_us)
 		return 0;
 	up = (__s64)a->now_us - peer_us;
-	if (!f->has_up || up < f->up_base) {
-		f->up_base = up;
-		f->has_up = 1;
-	}
-	return (__u64)(up - f->up_base);
+	base = radio_drifting_base(&f->up_base, &f->up_base_ms, &f->has_up, up, a->now_us);
+	return use_ts ? (__u64)(up - base) : 0;
 }
 
 /* Whether an ACK's round trip, less its queue sample, counts toward the path the window covers
@@ -610,15 +689,18 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 	/* Whether the subscriber had data in flight before this ACK: any of its flows (a short flow's
 	 * first ACK may be the one that ends a pause of the download's). */
 	int in_flight_before = f->in_flight || sub->inflight > 0;
+	/* (Before the minimum RTT is read: a verdict on the peer's clock may make it start over, and
+	 * read before, it was fed right back by this ACK's own sample.) */
+	int use_ts = radio_peer_clock(sub, f, a);
 	__u32 known = radio_known_min_rtt(sub);
 	__u32 base_rtt = known ? known : a->srtt_us;     /* the minimum RTT, or the socket's guess before one */
 	/* A flow's first ACK with a timestamp sets its uplink base: how long the uplink held that one is
 	 * unknown, and so is when the subscriber sent it. It neither ends a pause nor dates the last ACK
 	 * heard (an uplink's stall would read as a pause: a short flow's first flight counts as in flight
 	 * from its first packet, radio_on_tx_start). */
-	int dated = f->has_up || !a->tsval;
+	int dated = f->has_up || !use_ts;
 	__s64 peer_us = radio_peer_us(f, a->tsval);
-	__u64 held = radio_uplink_hold(f, a, peer_us);
+	__u64 held = radio_uplink_hold(f, a, peer_us, use_ts);
 	__u64 rx = a->now_us - held;                     /* when the subscriber sent this ACK */
 	__u32 sample_qd = ~0U;
 	__u32 path_sample = 0;
@@ -648,7 +730,8 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 	} else if (a->rtt_us && a->now_us - a->rtt_us >= sub->resumed_us) {
 		/* (A packet sent before the link resumed waited out the pause: its delay is not a queue.) */
 		__u32 qd = radio_queue_sample(f, a, base_rtt,
-					      (__s64)(rx - f->last_rx_us) > 0 ? rx - f->last_rx_us : 0, peer_us);
+					      (__s64)(rx - f->last_rx_us) > 0 ? rx - f->last_rx_us : 0, peer_us,
+					      use_ts);
 
 		/* A flow that began beside the others' data in flight may have taken their queue for its
 		 * base, and reads that queue as none: its samples count once a drain that began after it

@@ -26,17 +26,21 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import threading
 import time
 
 import pytest
+from route_features import RTAX_FEATURE_TCP_USEC_TS, replace_default_route
 
 from linkem.profiles import control
+from netns.addresses import ACCESS_GW4
 from netns.handle import BASE, PYTHON, metric_value
 from pepctl import bpfsys, congestion, radio_maps
 from pepctl.lock import InstanceLock
 from pepctl.names import CONGESTION_LOCK, congestion_pins, netns_path
+from pepctl.nsutil import in_netns
 from pepctl.register import running_instances, users_of
 from pepctl.runner import StepError, wait_for
 
@@ -248,6 +252,47 @@ def test_it_holds_the_radio_queue_near_its_target_on_a_trace_link(lab):
     assert mean - light <= 1.5 * target_ms, \
         f"lte-trace, pep_radio: the download's frames waited {mean:.1f} ms on average (linkem), a light one's " \
         f"{light:.1f} ms: {mean - light:.1f} ms of queue, target {target_ms} ms"
+
+
+TCPI_OPT_USEC_TS = 64       # <linux/tcp.h>, tcp_info.tcpi_options (Linux 6.7)
+
+
+def client_timestamps_in_us(lab) -> bool:
+    """Whether a connection the client makes now sends timestamps in us (its tcp_info says so)."""
+    def probe() -> bool:
+        with socket.create_connection((ORIGIN, 80), timeout=5) as s:
+            return bool(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[5] & TCPI_OPT_USEC_TS)
+    return in_netns(lab.netns("client"), probe)
+
+
+def test_a_subscriber_whose_clock_ticks_in_us_keeps_its_queue_short(lab):
+    """The client's timestamps tick in us (its route's tcp_usec_ts): read as ms, one-way delays grew a
+    thousand times faster than time, a queue that grew for good, and the window stayed at its floor
+    (646 frames in 10 s). pep_radio judges the peer's clock and reads the queue from RTTs; a new
+    subscriber's first flow reads its timestamps as ms until then, and the minimum RTT it fed starts
+    over (one sample of the queue just under an RTT left a path of 2.5 ms, and the floor again). The
+    download then holds the queue the test above holds."""
+    def client_route(features: int) -> None:
+        in_netns(lab.netns("client"), replace_default_route, ACCESS_GW4, "eth0", features, "cubic")
+
+    client_route(RTAX_FEATURE_TCP_USEC_TS)
+    try:
+        key = radio_maps.subscriber_key(graph_ns(lab), CLIENT)
+        with bpfsys.Map(os.path.join(PINS, radio_maps.SUBS_MAP)) as subs:     # a subscriber new to it
+            if subs.lookup(key) is not None:
+                subs.delete(key)
+        if not client_timestamps_in_us(lab):
+            pytest.skip("this kernel's TCP does not send timestamps in us on a route with tcp_usec_ts (Linux 6.7)")
+        light, _ = downlink_wait(lab, "--limit-rate", "125k")
+        mean, frames = downlink_wait(lab)
+    finally:
+        client_route(0)
+    assert not client_timestamps_in_us(lab), "the client's route kept tcp_usec_ts"
+    assert frames > 5000, f"lte-trace, us timestamps: only {frames} frames went down in 10 s"
+    target_ms = radio_maps.TARGET_US / 1000
+    assert mean - light <= 1.5 * target_ms, \
+        f"lte-trace, pep_radio, the client's timestamps in us: the download's frames waited {mean:.1f} ms on " \
+        f"average (linkem), a light one's {light:.1f} ms: {mean - light:.1f} ms of queue, target {target_ms} ms"
 
 
 def test_two_flows_of_a_subscriber_share_its_capacity(lab):

@@ -244,6 +244,34 @@ def series_waits(model: str, tmp_path, down: list[int], up: list[int], *args: st
     return json.loads(lines[-1]), waits
 
 
+def p95(values: list[int]) -> int:
+    return sorted(values)[int(0.95 * len(values))]
+
+
+@pytest.mark.parametrize("hz", [250, 1_000_000])
+def test_a_peer_clock_not_in_ms_is_not_read_as_one(model, tmp_path, hz):
+    """A peer whose timestamps tick at 250 Hz (Linux before 4.13) or at 1 MHz (TCP_USEC_TS): read as
+    ms, the first made the queue read empty and the law filled the buffer (499 ms, measured), the
+    second read a queue that grew for good (median 188 ms). Judged, they are read as no timestamps."""
+    got, waits = series_waits(model, tmp_path, constant(10), constant(5), "--seconds", "20", "--ts-hz", str(hz))
+    late = [w for t, w in waits if t >= 5]
+    assert statistics.median(late) <= 1.5 * TARGET_MS and p95(late) <= 2 * TARGET_MS, \
+        f"peer's clock at {hz} Hz: queue after 5 s median {statistics.median(late)} ms, p95 {p95(late)} ms"
+    assert got["goodput_mbps"] >= 0.9 * got["offered_mbps"], f"peer's clock at {hz} Hz: goodput {got['goodput_mbps']}"
+
+
+@pytest.mark.parametrize("hz", [1000.1, 999.9])
+def test_a_peer_clock_that_drifts_is_not_read_as_a_queue(model, tmp_path, hz):
+    """A peer's clock 100 ppm fast or slow, over one download of 10 min: 60 ms of drift. A base that
+    only moved down read the fast one as a queue that grew (p95 332 ms after 5 min, 0.65 of the
+    goodput, measured) and the slow one as an uplink that held every ACK longer."""
+    got, waits = series_waits(model, tmp_path, constant(10, 600), constant(5, 600), "--seconds", "600",
+                              "--ts-hz", str(hz))
+    late = [w for t, w in waits if t >= 300]
+    assert p95(late) <= 2 * TARGET_MS, f"peer's clock at {hz} Hz: queue p95 {p95(late)} ms after 5 min"
+    assert got["goodput_mbps"] >= 0.9 * got["offered_mbps"], f"peer's clock at {hz} Hz: goodput {got['goodput_mbps']}"
+
+
 def test_a_flow_that_joins_a_held_queue_does_not_double_it(model, tmp_path):
     """A second download starts 5 s in, into the queue the first holds: its first one-way delays
     carry that queue, so its base reads it as none. Without the law's drains the two would hold
