@@ -45,6 +45,7 @@
  *                    kept in order (linkem's jitter= without reorder=1)
  *     --no-timestamps  the client sends no TCP timestamps (the law falls back on RTTs)
  *     --ts-wrap S    the client's timestamps (32 bits of ms) wrap S seconds in
+ *     --delay-step S:MS  the one-way delay becomes MS (longer) S seconds in: a new route
  *     --ts-hz HZ     the client's timestamps tick HZ times a second (default 1000, as
  *                    Linux since 4.13; older kernels tick at HZ: 100, 250, 300)
  *     --series       print a line per 100 ms: time, queue delay, window, rate
@@ -86,6 +87,7 @@ struct link {
 	size_t idx;          /* next opportunity (looped: idx / n periods) */
 	__u32 used;          /* bytes of opportunity idx already taken */
 	__u64 delay_us, limit_us;
+	__u64 step_at_us, step_delay_us;   /* --delay-step: from then on, this delay (0: none) */
 	__u64 drops;
 	__u32 loss_ppm;      /* random loss, after the queue (the radio's own errors) */
 	__u64 rng;
@@ -96,6 +98,12 @@ struct link {
 static __u64 opp_time(const struct link *l, size_t i)
 {
 	return (i / l->n) * l->period_us + (__u64)l->opp[i % l->n] * 1000;
+}
+
+/* The link's one-way delay for a frame delivered at t: --delay-step's once it has come. */
+static __u64 link_delay(const struct link *l, __u64 t)
+{
+	return l->step_delay_us && t >= l->step_at_us ? l->step_delay_us : l->delay_us;
 }
 
 /* Start the trace `ms` into it (the rest comes after, as the trace loops). */
@@ -177,14 +185,14 @@ static __u64 link_send(struct link *l, __u64 now, __u32 bytes)
 			return 0;
 	}
 	if (l->jitter_us) {
-		__u64 at = opp_time(l, idx) + l->delay_us - l->jitter_us;
+		__u64 at = opp_time(l, idx) + link_delay(l, opp_time(l, idx)) - l->jitter_us;
 
 		l->rng = l->rng * 6364136223846793005ULL + 1442695040888963407ULL;
 		at += (l->rng >> 33) % (2 * l->jitter_us + 1);
 		l->last_at = at > l->last_at ? at : l->last_at;   /* as linkem does without reorder=1 */
 		return l->last_at;
 	}
-	return opp_time(l, idx) + l->delay_us;
+	return opp_time(l, idx) + link_delay(l, opp_time(l, idx));
 }
 
 /* The wait a frame arriving now would have before its opportunity. */
@@ -753,6 +761,7 @@ static double pct(double *xs, size_t n, double p)
 
 int main(int argc, char **argv)
 {
+	double step_s = 0, step_ms = 0;
 	double seconds = 20, delay_ms = 25, limit_ms = 500, offset_s = 0, loss_pct = 0, jitter_ms = 0;
 	int idle = 0, series = 0, nbulk = 1, i;
 	double page_s = -1, join_s = 0, leave_s = 0, bulk_at_s = 0;
@@ -793,6 +802,8 @@ int main(int argc, char **argv)
 			ts_wrap_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--ts-hz") && i + 1 < argc)
 			ts_hz = atof(argv[++i]);
+		else if (!strcmp(argv[i], "--delay-step") && i + 1 < argc && sscanf(argv[++i], "%lf:%lf", &step_s, &step_ms) == 2)
+			;
 		else if (!strcmp(argv[i], "--leave") && i + 1 < argc)
 			leave_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--join") && i + 1 < argc)
@@ -814,7 +825,7 @@ int main(int argc, char **argv)
 	}
 	if (npaths != 2 || nbulk < 1 || nbulk > MAX_BULK) {
 		fprintf(stderr, "usage: model [--seconds S] [--delay MS] [--limit MS] [--target MS] [--flows N] "
-			"[--offset S] [--loss P] [--jitter MS] [--no-timestamps] [--ts-wrap S] [--ts-hz HZ] [--idle] [--series] [--page S] [--join S] [--bulk-at S] [--leave S] [--sender cubic|oracle] "
+			"[--offset S] [--loss P] [--jitter MS] [--no-timestamps] [--ts-wrap S] [--ts-hz HZ] [--delay-step S:MS] [--idle] [--series] [--page S] [--join S] [--bulk-at S] [--leave S] [--sender cubic|oracle] "
 			"DOWN_TRACE UP_TRACE\n");
 		return 2;
 	}
@@ -834,6 +845,14 @@ int main(int argc, char **argv)
 		rotate(&up, (__u32)(offset_s * 1000));
 	}
 	down.delay_us = up.delay_us = (__u64)(delay_ms * 1000);
+	if (step_ms) {         /* (longer only: a shorter delay would deliver frames out of order) */
+		if (step_ms < delay_ms || step_s <= 0) {
+			fprintf(stderr, "model: --delay-step %g:%g: the path may only grow longer, after 0 s\n", step_s, step_ms);
+			return 2;
+		}
+		down.step_at_us = up.step_at_us = (__u64)(step_s * 1e6);
+		down.step_delay_us = up.step_delay_us = (__u64)(step_ms * 1000);
+	}
 	path_rtt_us = 2 * down.delay_us;
 	down.limit_us = up.limit_us = (__u64)(limit_ms * 1000);
 	down.loss_ppm = (__u32)(loss_pct * 10000);

@@ -55,6 +55,14 @@ struct radio_sub_key {
 	__u8 addr[16];                     /* IPv4: the first 4 bytes; network order */
 };
 
+/* A base's rise (radio_rise): the least a drain epoch's samples were above the base, in the epoch
+ * now and the one before. An epoch is a drain (radio_sub.drained_us) until the next. */
+struct radio_rise {
+	__u32 drain_ms;                    /* the drain whose epoch it counts, ms, odd; 0: none yet */
+	__u32 least_us;                    /* the least sample above the base in it; ~0: none */
+	__u32 before_us;                   /* ... in the epoch before, less the base's rise since; ~0: none */
+};
+
 struct radio_sub {
 	__u64 window;                      /* bytes its flows may have in flight together */
 	__u64 rate;                        /* bytes/s they delivered, smoothed: what it is shown as */
@@ -82,6 +90,7 @@ struct radio_sub {
 	__u32 id;                          /* which incarnation of the entry: its flows hold it (radio_attached) */
 	__u32 outages;
 	__u32 epoch;                       /* the last epoch it was counted active in */
+	struct radio_rise rtt_rise;        /* its minimum RTT's, fed by flows without timestamps */
 	__u8 startup;                      /* no queue seen yet: the window grows by what each ACK delivers */
 	__u8 draining;                     /* this control window drains the queue: half the path flies */
 	__u8 win_seen;                     /* RADIO_SEEN_*: whose ACKs the window had (radio_window_blind) */
@@ -107,6 +116,7 @@ struct radio_flow {
 	__u32 ts_ref_rtt_us;               /* ... and that ACK's RTT */
 	__u32 owd_base_ms;                 /* our clock when owd_base was taken, ms (radio_drifting_base) */
 	__u32 up_base_ms;                  /* ... and up_base */
+	struct radio_rise owd_rise;        /* owd_base's */
 	__u8 has_sub;                      /* it holds a count in its subscriber's entry */
 	__u8 has_base;                     /* owd_base is set */
 	__u8 has_up;                       /* up_base is set */

@@ -309,6 +309,34 @@ def test_two_flows_of_a_subscriber_share_its_capacity(lab):
     assert sum(got) * 8 / 10 / 1e6 >= 0.8 * 20 * 1448 / 1514, f"together they used the link: {got} bytes in 10 s"
 
 
+def acked_bytes(lab) -> int:
+    """What the proxy's socket toward the client has had acknowledged (`ss -ti` in the graph)."""
+    return max((int(n) for n in re.findall(r"bytes_acked:(\d+)", ss(lab, CLIENT))), default=0)
+
+
+def test_a_path_that_grows_longer_is_followed(lab):
+    """A download over a 20 Mbit/s link; 5 s in, the path's one-way delay goes from 25 to 75 ms, live
+    (a new route, another gateway). Read against bases that only moved down, the 100 ms more were a
+    queue for good: 0.3 Mbit/s from 35 to 45 s (18.9 with the fix, one run each). The bases rise after
+    two drain epochs of 10 s (radio_rise): from 35 s in, the download has the link again."""
+    link = ["down.rate=20M", "up.rate=10M", "limit_ms=500"]
+    set_link(lab, "none", "delay=25", *link)
+    load = lab.popen("client", "curl", "-sS", "-o", "/dev/null", "-m", "47", f"http://{ORIGIN}/1g")
+    try:
+        time.sleep(5)
+        set_link(lab, "none", "delay=75", *link)
+        time.sleep(30)
+        acked0, t0 = acked_bytes(lab), time.monotonic()
+        time.sleep(10)
+        acked1, t1 = acked_bytes(lab), time.monotonic()
+    finally:
+        load.kill()
+        load.wait()
+        set_link(lab, "none")
+    mbit = (acked1 - acked0) * 8 / (t1 - t0) / 1e6
+    assert mbit >= 0.6 * 20, f"20 Mbit/s, the path 100 ms longer 5 s in: {mbit:.1f} Mbit/s from 35 to 45 s"
+
+
 def test_connections_that_begin_together_share_the_window_from_their_first_packet(lab):
     """A 3 s download over a 10 Mbit/s, 50 ms link leaves the subscriber a window of about 100 KB;
     once its frames have left the link, six connections of a page each fetch 100 KB at once. Each

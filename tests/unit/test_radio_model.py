@@ -272,6 +272,20 @@ def test_a_peer_clock_that_drifts_is_not_read_as_a_queue(model, tmp_path, hz):
     assert got["goodput_mbps"] >= 0.9 * got["offered_mbps"], f"peer's clock at {hz} Hz: goodput {got['goodput_mbps']}"
 
 
+@pytest.mark.parametrize("clock", ["--ts-hz=1000", "--no-timestamps"])
+def test_a_path_that_grows_longer_is_not_read_as_a_queue(model, tmp_path, clock):
+    """20 s into a download the path's one-way delay goes from 25 to 75 ms (a new route, another
+    gateway). Bases that only moved down read the 100 ms more as a queue for good: 2.3 Mbit/s of 10
+    with timestamps and 1.8 without, for the rest of the run, and no queue held. The bases rise after
+    two drain epochs (radio_rise), and the law holds its target again."""
+    got, waits = series_waits(model, tmp_path, constant(10, 120), constant(5, 120), "--seconds", "120",
+                              "--delay-step", "20:75", *clock.split("="))
+    late = [w for t, w in waits if t >= 60]
+    assert statistics.median(late) >= 0.5 * TARGET_MS, \
+        f"{clock}, the path 100 ms longer at 20 s: queue median {statistics.median(late)} ms after 60 s"
+    assert got["goodput_mbps"] >= 0.7 * got["offered_mbps"], f"{clock}, the path longer: goodput {got['goodput_mbps']}"
+
+
 def test_a_flow_that_joins_a_held_queue_does_not_double_it(model, tmp_path):
     """A second download starts 5 s in, into the queue the first holds: its first one-way delays
     carry that queue, so its base reads it as none. Without the law's drains the two would hold
