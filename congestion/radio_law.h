@@ -506,10 +506,10 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
  * every sample after reads the difference as queue, for good (the model, one way 25 to 75 ms 20 s
  * into a download: 2.3 of 10 Mbit/s for the next 100 s, and 1.8 without timestamps, whose minimum
  * RTT was fed itself; in the lab, 0.3 of 20). It rises by the least its samples were above it in
- * two drain epochs in a row. A drain empties the queue (radio_end_window), so an epoch's least is 0 unless the base is too
- * low; one alone may end in a drain that could not empty it (a handover to a slower cell), and the
- * epoch after it reads 0 again. A sample counts in the epoch of the last drain its packet left
- * after. Returns the rise; above_us is the sample over the base before it. */
+ * two drain epochs in a row. A drain empties the queue (radio_end_window), so an epoch's least is 0
+ * unless the base is too low; one alone may end in a drain that could not empty it (a handover to a
+ * slower cell), and the epoch after it reads 0 again. A sample counts in the epoch of the last drain
+ * its packet left after. Returns the rise; above_us is the sample over the base before it. */
 static inline __u32 radio_rise(struct radio_rise *r, __u64 sent_us, __u64 drained_us, __u32 above_us)
 {
 	__u32 drain_ms = (__u32)(drained_us / 1000) | 1, rise = 0;
@@ -556,8 +556,8 @@ static inline __s64 radio_drifting_base(__s64 *base, __u32 *stamp_ms, __u8 *has,
  * standing queue) reads the queue short until a packet of it crosses a shorter one, which the
  * subscriber's drains make sure of (radio_end_window). One too low reads a queue that is not there,
  * and rises only with care: by the clocks' drift (radio_drifting_base) and by what two drain epochs
- * in a row saw above it (radio_rise). Without
- * timestamps, or from a clock not trusted (radio_peer_clock): the RTT over the minimum. */
+ * in a row saw above it (radio_rise). Without timestamps, or from a clock not trusted
+ * (radio_peer_clock): the RTT over the minimum. */
 static inline __u32 radio_queue_sample(struct radio_flow *f, const struct radio_ack *a, __u32 min_rtt_us,
 					__u64 since_us, __s64 peer_us, int use_ts, __u64 drained_us)
 {
