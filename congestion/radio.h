@@ -114,8 +114,7 @@ struct radio_flow {
 	__u32 ts_ref;                      /* a timestamp its clock is judged from (radio_peer_clock) */
 	__u32 ts_ref_ms;                   /* ... our clock then, ms (odd); 0: none yet */
 	__u32 ts_ref_rtt_us;               /* ... and that ACK's RTT */
-	__u32 owd_base_ms;                 /* our clock when owd_base was taken, ms (radio_drifting_base) */
-	__u32 up_base_ms;                  /* ... and up_base */
+	__u32 up_base_ms;                  /* our clock when up_base was taken, ms (radio_drifting_base) */
 	struct radio_rise owd_rise;        /* owd_base's */
 	__u8 has_sub;                      /* it holds a count in its subscriber's entry */
 	__u8 has_base;                     /* owd_base is set */
