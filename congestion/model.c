@@ -519,9 +519,7 @@ static void flow_start(struct flow *f, __u32 id, __u64 now, __u32 handshake_rtt)
 	if (!have_sub || !radio_sub_fresh(&sub, now)) {
 		struct radio_sub fresh;
 
-		radio_sub_init(&fresh, now, handshake_rtt, f->cwnd, MSS, target_us);
-		if (have_sub)
-			radio_sub_renew(&fresh, &sub);   /* as radio.bpf.c's join: its open flows carry over */
+		radio_sub_init(&fresh, have_sub ? &sub : NULL, now, handshake_rtt, f->cwnd, MSS, target_us);
 		sub = fresh;
 		have_sub = 1;
 	}

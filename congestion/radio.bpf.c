@@ -225,7 +225,7 @@ static __always_inline void count(__u32 netns, const struct radio_sub *sub, cons
 /* The socket joins its subscriber's entry, and its window is its share of the subscriber's. A
  * subscriber new, or not heard from for RADIO_STALE_US (radio_sub_fresh), starts over from the
  * socket's window (the route's initial window at a handshake); the sockets a stale entry counts carry
- * over (radio_sub_renew). A new entry goes in only if none is there: two handshakes of a new
+ * over (radio_sub_init). A new entry goes in only if none is there: two handshakes of a new
  * subscriber on two CPUs join one entry, not one each, the second overwriting the first's. */
 static __always_inline void join(struct sock *sk, const struct radio_sub_key *key, int starting)
 {
@@ -245,9 +245,7 @@ static __always_inline void join(struct sock *sk, const struct radio_sub_key *ke
 	} else {
 		struct radio_sub fresh;
 
-		radio_sub_init(&fresh, now, tp->srtt_us >> 3, tp->snd_cwnd, tp->mss_cache, target);
-		if (sub)
-			radio_sub_renew(&fresh, sub);
+		radio_sub_init(&fresh, sub, now, tp->srtt_us >> 3, tp->snd_cwnd, tp->mss_cache, target);
 		if (!bpf_map_update_elem(&radio_subs, key, &fresh, sub ? BPF_EXIST : BPF_NOEXIST) && st)
 			__sync_fetch_and_add(&st->subscribers_new, 1);
 		sub = bpf_map_lookup_elem(&radio_subs, key);   /* ours, or the one another CPU put first */

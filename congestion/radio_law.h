@@ -266,10 +266,16 @@ static inline __u32 radio_known_min_rtt(const struct radio_sub *sub)
 	return a && (!b || a < b) ? a : b;
 }
 
-/* A subscriber's entry for its first flow (or after RADIO_STALE_US of
- * silence): startup from the flow's initial window over its handshake RTT. */
-static inline void radio_sub_init(struct radio_sub *sub, __u64 now_us, __u32 srtt_us, __u32 cwnd, __u32 mss,
-				  __u32 target_us)
+/* A subscriber's entry for its first flow: startup from the flow's initial window over its
+ * handshake RTT. Or, made anew from a stale one (`stale`, radio_sub_fresh), its estimate starts over,
+ * but the sockets it counts are still open (a subscriber silent for RADIO_STALE_US with its
+ * connections kept: a push channel, a tunnel). Their count, what they have in flight and the entry's
+ * id carry over; started from zero, their ACKs and their ends drove both below zero for good, and a
+ * negative flight left the window unable to grow (win_full) or to bound the flows' sum. The verdict
+ * on its timestamp clock carries over too: it is the device's, and a slow clock taken for ms again
+ * filled the buffer for the seconds its next flow took to be judged (radio_peer_clock). */
+static inline void radio_sub_init(struct radio_sub *sub, const struct radio_sub *stale, __u64 now_us,
+				  __u32 srtt_us, __u32 cwnd, __u32 mss, __u32 target_us)
 {
 	__builtin_memset(sub, 0, sizeof(*sub));
 	sub->window = (__u64)cwnd * mss;
@@ -286,21 +292,12 @@ static inline void radio_sub_init(struct radio_sub *sub, __u64 now_us, __u32 srt
 	sub->id = (__u32)now_us | 1;       /* never 0: a flow's sub_id before it joins */
 	sub->rtt_rise.least_us = ~0U;
 	sub->rtt_rise.before_us = ~0U;
-}
-
-/* A stale entry made anew (radio_sub_fresh): its estimate starts over, but the sockets it counts are
- * still open (a subscriber silent for RADIO_STALE_US with its connections kept: a push channel, a
- * tunnel). Their count, what they have in flight and the entry's id carry over; started from zero,
- * their ACKs and their ends drove both below zero for good, and a negative flight left the window
- * unable to grow (win_full) or to bound the flows' sum. The verdict on its timestamp clock carries
- * over too: it is the device's, and a slow clock taken for ms again filled the buffer for the
- * seconds its next flow took to be judged (radio_peer_clock). */
-static inline void radio_sub_renew(struct radio_sub *fresh, const struct radio_sub *old)
-{
-	fresh->flows = old->flows;
-	fresh->inflight = old->inflight;
-	fresh->id = old->id;
-	fresh->ts_clock = old->ts_clock;
+	if (stale) {
+		sub->flows = stale->flows;
+		sub->inflight = stale->inflight;
+		sub->id = stale->id;
+		sub->ts_clock = stale->ts_clock;
+	}
 }
 
 /* Whether the flow holds a count in this entry: it joined it (radio_start), not an entry of its
