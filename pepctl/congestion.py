@@ -125,9 +125,11 @@ def settled_registration(cc: str) -> str:
 
 
 def foreign_message(cc: str) -> str:
-    return (f"a congestion control named {cc} is registered already, but not by pepctl (none in use is pinned in "
-            f"{congestion_pins(cc)}): its maps are not the ones pepctl sets the graphs' parameters in. Find it "
-            "with `bpftool struct_ops list` and unregister it (`bpftool struct_ops unregister id ID`), then try again")
+    return (f"a congestion control named {cc} is registered already, and none in use is pinned in "
+            f"{congestion_pins(cc)}, where pepctl pins its own: something other than pepctl registered it, or "
+            "pepctl's pins were removed from under its registration. Either way pepctl cannot reach its maps to "
+            "set the graphs' parameters. Find it with `bpftool struct_ops list` and unregister it (`bpftool "
+            "struct_ops unregister id ID`), then try again")
 
 
 def problems(cfg: Config) -> list[FieldError]:
@@ -249,7 +251,9 @@ def release(cc: str, journal: str) -> str | None:
                     raise StepError(f"unregister {cc}: the kernel still lists it after the delete of key 0 of "
                                     f"{m.path}")
             elif state == "other":
-                notice = f"{cc} is registered by something other than pepctl: left alone"
+                notice = (f"{cc} stays registered: none in use is pinned in {pins} (something other than pepctl "
+                          "registered it, or pepctl's pins were removed from under its registration), so pepctl "
+                          "leaves it alone; `bpftool struct_ops list` shows it")
             remove_dir(pins)
             try:
                 os.rmdir(CONGESTION_DIR)

@@ -583,6 +583,31 @@ def test_a_crashed_run_s_registration_is_reused_then_removed(host):
     assert NAME not in congestion.available() and not os.path.exists(PINS), "left registered by the last down"
 
 
+def test_down_after_the_pins_were_removed_leaves_the_registration_and_says_why(host):
+    """The pins of a running instance's pep_radio removed by hand (or bpffs mounted anew): the
+    registration and its maps live on, out of pepctl's reach. `down` still takes the instance down,
+    leaves the registration to the operator, and says where it looked and how to find it."""
+    nobody_uses_it()
+    conf = host.config(RADIO_BASE)
+    moved = f"/sys/fs/bpf/{host.inst}moved"
+    up = host.pepctl(conf, "up")
+    try:
+        assert up.returncode == 0, up.stderr
+        os.rename(PINS, moved)   # gone from where pepctl looks; kept, so the test can unregister it after
+        down = host.pepctl(conf, "down")
+        assert down.returncode == 0, f"down failed with the pins gone: {down.stdout}{down.stderr}"
+        for words in (f"{NAME} stays registered", f"none in use is pinned in {PINS}", "bpftool struct_ops list"):
+            assert words in down.stdout, f"down's notice lacks {words!r}: {down.stdout}"
+        assert NAME in congestion.available(), "down unregistered a pep_radio it could not see"
+        assert not os.path.exists(CONGESTION_LOCK), "down left the host's lock"
+    finally:
+        if os.path.exists(PINS):
+            host.pepctl(conf, "down")
+        if os.path.exists(moved):
+            unregister_by_hand(moved)
+    assert NAME not in congestion.available(), "the test's own unregistering failed"
+
+
 def test_a_failed_up_rolls_its_registration_back(host):
     """`up` fails late (the exporter's port is taken: after pep_radio was registered and HAProxy
     started): the rollback unregisters pep_radio, which nobody else uses, and leaves no pins or lock."""
@@ -613,8 +638,8 @@ def test_a_foreign_registration_is_refused_naming_what_to_do(host):
         before = host.snapshot()
         up = host.pepctl(conf, "up")
         assert up.returncode != 0, f"up accepted a {NAME} that is not pepctl's: {up.stdout}"
-        for words in ("graph[0].access.congestion", f'"{NAME}"', "not by pepctl", "bpftool struct_ops list",
-                      conf):
+        for words in ("graph[0].access.congestion", f'"{NAME}"', f"none in use is pinned in {PINS}",
+                      "bpftool struct_ops list", conf):
             assert words in up.stderr, f"up's refusal lacks {words!r}: {up.stderr}"
         assert host.snapshot() == before and not os.path.exists(PINS), "a refused up left something"
         assert congestion.registration(NAME) == "other", "the foreign registration was touched"
