@@ -179,13 +179,25 @@ def graph_steps(cfg: Config, g: Graph) -> list[Step]:
         return []
     ns = cfg.graph_names(g).netns
     pins = congestion_pins(radio_maps.NAME)
-    target = g.access.queue_target_ms * 1000
     where = f"[inode of {netns_path(ns)}]"
-    return [Step(f"set pep_radio's parameters of graph {g.name}",
-                 Call("radio_params", (pins, ns, target),
-                      f"# bpf(2) {pins}/{radio_maps.PARAMS_MAP}{where} = {{target_us {target}, flags 0}}"),
+    return [Step(f"set pep_radio's parameters of graph {g.name}", _params_call(cfg, g, g.access.queue_target_ms),
                  undo=Call("radio_forget", (pins, ns), f"bpf(2) delete {radio_maps.PARAMS_MAP}{where} and "
                            f"{radio_maps.STATS_MAP}{where} in {pins}"))]
+
+
+def target_step(cfg: Config, g: Graph, old_target_ms: int) -> Step:
+    """`reload`: a pep_radio graph's queue target changed. Its subscribers' entries take it at their
+    next connection (radio_start), each flow at its start."""
+    return Step(f"pep_radio's queue target of graph {g.name}: {g.access.queue_target_ms} ms (was {old_target_ms})",
+                _params_call(cfg, g, g.access.queue_target_ms), undo=_params_call(cfg, g, old_target_ms))
+
+
+def _params_call(cfg: Config, g: Graph, target_ms: int) -> Call:
+    ns = cfg.graph_names(g).netns
+    pins = congestion_pins(radio_maps.NAME)
+    target = target_ms * 1000
+    return Call("radio_params", (pins, ns, target), f"# bpf(2) {pins}/{radio_maps.PARAMS_MAP}[inode of "
+                f"{netns_path(ns)}] = {{target_us {target}, flags 0}}")
 
 
 # -- the actions ---------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 What may change live: each graph's [graph.proxy] settings (splice, mode, maxconn, logging, the
 intercepted ports, listen_port in modes bpf and nft, source_port, mptcp, handshake),
-[graph.bypass] and [graph.experiment], and HAProxy's own [host] settings (threads, maxconn,
+[graph.bypass] and [graph.experiment], pep_radio's queue_target_ms in [graph.access] (connections
+that start after the reload take it), and HAProxy's own [host] settings (threads, maxconn,
 metrics). Anything structural (VLANs, addresses, graphs, interception mode, NIC, folders) needs
 `down` then `up`; reload says so and changes nothing.
 
@@ -36,7 +37,7 @@ import os
 import signal
 import sys
 
-from . import bypass, drain, flow_maps, routing, service
+from . import bypass, congestion, drain, flow_maps, routing, service
 from . import config as configmod
 from .config import Config, ConfigError, FieldError
 from .hostinfo import HostInfo
@@ -63,6 +64,7 @@ LIVE_PROXY = {"splice", "mode", "maxconn", "log_connections", "ports", "listen_p
               "handshake"}
 LIVE_HOST = {"threads", "maxconn"}
 LIVE_ROUTING = {"hosts", "assign"}
+LIVE_SIDE = {"queue_target_ms"}   # pep_radio's, in its parameters map (the congestion control itself is structural)
 
 
 def structural_changes(old: Config, new: Config) -> list[FieldError]:
@@ -85,8 +87,11 @@ def structural_changes(old: Config, new: Config) -> list[FieldError]:
         return found
     for o, n in zip(old.graphs, new.graphs, strict=True):
         for side in ("access", "origin"):
-            if getattr(o, side) != getattr(n, side):
-                found.append(FieldError(new.path, f"graph[{n.index}].{side}", "", "changed"))
+            for f in dataclasses.fields(getattr(n, side)):
+                before, after = getattr(getattr(o, side), f.name), getattr(getattr(n, side), f.name)
+                if before != after and f.name not in LIVE_SIDE:
+                    found.append(FieldError(new.path, f"graph[{n.index}].{side}.{f.name}", str(after),
+                                            f"was {before}; cannot change live"))
         for f in dataclasses.fields(n.proxy):
             before, after = getattr(o.proxy, f.name), getattr(n.proxy, f.name)
             if before != after and (f.name not in LIVE_PROXY or
@@ -123,6 +128,8 @@ def steps(cfg: Config, old: Config, info: HostInfo) -> list[Step]:
     for g, o in zip(cfg.graphs, old.graphs, strict=True):
         if g.proxy.enabled:
             out += graph_steps(cfg, g, o, limits[0][g.name], limits[1][o.name])
+        if g.access.queue_target_ms != o.access.queue_target_ms:
+            out.append(congestion.target_step(cfg, g, o.access.queue_target_ms))
     if cfg.routing is not None and cfg.routing != old.routing:
         out.append(routing_step(cfg, old))
     if proxied:

@@ -207,6 +207,33 @@ def test_status_shows_one_line_for_it(lab):
     assert r["queue_target_seconds"] == radio_maps.TARGET_US / 1e6, r
 
 
+def test_reload_changes_the_queue_target_live(lab):
+    """An operator raises a graph's target (a slow radio: congestion/README.md, Limits) with a reload,
+    not a down and up: the graph's parameters change, status says so, and a reload back restores them."""
+    conf = os.path.join(lab.run_dir, "pep.toml")
+    with open(conf) as f:
+        original = f.read()
+    assert "[graph.access]\n" in original and "queue_target_ms" not in original, f"test bug: {conf} changed shape"
+    target_us = 2 * radio_maps.TARGET_US
+    try:
+        with open(conf, "w") as f:
+            f.write(original.replace("[graph.access]\n", f"[graph.access]\nqueue_target_ms = {target_us // 1000}\n", 1))
+        proc = lab.pepctl("reload", check=False)
+        assert proc.returncode == 0, f"reload of the target: {proc.stdout}{proc.stderr}"
+        assert f"queue target of graph pep: {target_us // 1000} ms" in proc.stdout, proc.stdout
+        got = radio_maps.read_params(PINS, graph_ns(lab))
+        assert got == {"target_us": target_us, "flags": 0}, f"radio_params after the reload: {got}"
+        radio = json.loads(lab.pepctl("status", "--json").stdout)["graphs"][0]["radio"]
+        assert radio["queue_target_seconds"] == target_us / 1e6, radio
+    finally:
+        with open(conf, "w") as f:
+            f.write(original)
+        back = lab.pepctl("reload", check=False)
+    assert back.returncode == 0, f"reload back: {back.stdout}{back.stderr}"
+    got = radio_maps.read_params(PINS, graph_ns(lab))
+    assert got == {"target_us": radio_maps.TARGET_US, "flags": 0}, f"radio_params after the reload back: {got}"
+
+
 def link_stats(lab) -> dict:
     """linkem's own figures of the downlink (b2a)."""
     return control(os.path.join(lab.run_dir, "linkem.sock"), "stats")["b2a"]
