@@ -295,7 +295,7 @@ def client_timestamps_in_us(lab) -> bool:
 def test_a_subscriber_whose_clock_ticks_in_us_keeps_its_queue_short(lab):
     """The client's timestamps tick in us (its route's tcp_usec_ts): read as ms, one-way delays grew a
     thousand times faster than time, a queue that grew for good, and the window stayed at its floor
-    (646 frames in 10 s). pep_radio judges the peer's clock and reads the queue from RTTs; a new
+    (672 frames in 10 s). pep_radio judges the peer's clock and reads the queue from RTTs; a new
     subscriber's first flow reads its timestamps as ms until then, and the minimum RTT it fed starts
     over (one sample of the queue just under an RTT left a path of 2.5 ms, and the floor again). The
     download then holds the queue the test above holds."""
