@@ -90,8 +90,8 @@ def structural_changes(old: Config, new: Config) -> list[FieldError]:
             for f in dataclasses.fields(getattr(n, side)):
                 before, after = getattr(getattr(o, side), f.name), getattr(getattr(n, side), f.name)
                 if before != after and f.name not in LIVE_SIDE:
-                    found.append(FieldError(new.path, f"graph[{n.index}].{side}.{f.name}", str(after),
-                                            f"was {before}; cannot change live"))
+                    found.append(FieldError(new.path, f"graph[{n.index}].{side}.{f.name}", shown(after),
+                                            f"was {shown(before)}; cannot change live"))
         for f in dataclasses.fields(n.proxy):
             before, after = getattr(o.proxy, f.name), getattr(n.proxy, f.name)
             if before != after and (f.name not in LIVE_PROXY or
@@ -99,6 +99,13 @@ def structural_changes(old: Config, new: Config) -> list[FieldError]:
                 found.append(FieldError(new.path, f"graph[{n.index}].proxy.{f.name}", str(after),
                                         f"was {before}; cannot change live"))
     return found
+
+
+def shown(value) -> str:
+    """A side's value as the config writes it: a list's items, not a tuple's repr."""
+    if isinstance(value, tuple):
+        return ", ".join(str(v) for v in value) or "none"
+    return str(value)
 
 
 def running_config(cfg: Config, journal: Journal) -> Config:

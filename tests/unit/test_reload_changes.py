@@ -27,6 +27,14 @@ def test_a_side_s_structural_change_is_named_by_its_field():
     assert got == [("graph[0].access.initcwnd", "20", f"was {was}; cannot change live")], got
 
 
+def test_a_side_s_list_is_named_as_the_config_writes_it():
+    old = parse(BASE)
+    moved = BASE.replace('"198.18.0.1/24"', '"198.18.0.2/24"', 1)
+    assert moved != BASE, "test bug: the base's access address moved"
+    got = [(e.field, e.value) for e in reload.structural_changes(old, parse(moved))]
+    assert got == [("graph[0].access.addresses", "198.18.0.2/24, 2001:2:0:1::1/64")], got
+
+
 def test_pep_radio_s_queue_target_changes_live():
     old, new = with_access("queue_target_ms = 30"), with_access("queue_target_ms = 60")
     assert old.graphs[0].access.congestion == congestion.radio_maps.NAME, "test bug: the base is not pep_radio"
