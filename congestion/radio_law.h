@@ -62,6 +62,7 @@
 #define RADIO_TS_JUDGE_MS 200              /* a peer's clock is judged over this long at least, */
 #define RADIO_TS_JUDGE_RTTS 4              /* ... and this many round trips */
 #define RADIO_DRIFT_PPM 200                /* the most a peer's clock drifts from ours (radio_drifting_base) */
+#define RADIO_RESUME_PROBE 2               /* packets a flow may send past its flight when the link resumes */
 
 /* The standing queue: the window's least RTT above the minimum RTT. */
 static inline __u32 radio_qdelay(__u32 rtt_us, __u32 min_rtt_us)
@@ -752,6 +753,7 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 	 * heard (an uplink's stall would read as a pause: a short flow's first flight counts as in flight
 	 * from its first packet, radio_on_tx_start). */
 	int dated = f->has_up || !use_ts;
+	__u64 prev_ack_us = f->last_ack_us;
 	__s64 peer_us = radio_peer_us(f, a->tsval);
 	__u64 held = radio_uplink_hold(f, a, peer_us, use_ts);
 	__u64 rx = a->now_us - held;                     /* when the subscriber sent this ACK */
@@ -854,6 +856,15 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 	    __sync_val_compare_and_swap(&sub->win_start_us, start, rx) == start)
 		radio_end_window(sub, start, rx, min_rtt, out);
 	radio_share(sub, min_rtt, a->mss, 0, f, out);
+	/* The flow's first ACK since the link resumed after a pause. What it sent before the pause may
+	 * have been dropped in it (a radio's buffer overflows when a pause outlasts it), and what the
+	 * kernel still counts in flight may be more than its share: then nothing new goes out, no SACK
+	 * shows the loss, and only the tail-loss probe ends the wait, two smoothed RTTs on, which the
+	 * pause's own RTT sample has stretched (lab, drive-trace: nothing sent for 0.5 s after an
+	 * outage of 1.2 s, while end-to-end CUBIC, whose window was above its flight, resumed at once).
+	 * A few new packets go out at once instead: their SACKs show the loss (RACK). */
+	if ((__s64)(prev_ack_us - sub->resumed_us) < 0 && out->cwnd <= a->packets_out)
+		out->cwnd = a->packets_out + RADIO_RESUME_PROBE;
 }
 
 #endif /* PEP_RADIO_LAW_H */
