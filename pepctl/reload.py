@@ -69,40 +69,32 @@ LIVE_SIDE = {"queue_target_ms"}   # pep_radio's, in its parameters map (the cong
 
 def structural_changes(old: Config, new: Config) -> list[FieldError]:
     """Differences reload cannot apply live, each named by its field."""
-    found = []
-    for f in dataclasses.fields(new.host):
-        before, after = getattr(old.host, f.name), getattr(new.host, f.name)
-        if before != after and f.name not in LIVE_HOST:
-            found.append(FieldError(new.path, f"host.{f.name}", str(after), f"was {before}; cannot change live"))
+    found = field_changes(new.path, "host", old.host, new.host, LIVE_HOST)
     if (old.routing is None) != (new.routing is None):
         found.append(FieldError(new.path, "routing", "", "added or removed; cannot change live"))
     elif new.routing is not None:
-        for f in dataclasses.fields(new.routing):
-            before, after = getattr(old.routing, f.name), getattr(new.routing, f.name)
-            if before != after and f.name not in LIVE_ROUTING:
-                found.append(FieldError(new.path, f"routing.{f.name}", str(after), f"was {before}; cannot change live"))
+        found += field_changes(new.path, "routing", old.routing, new.routing, LIVE_ROUTING)
     if [g.name for g in old.graphs] != [g.name for g in new.graphs]:
         found.append(FieldError(new.path, "graph[].name", ", ".join(g.name for g in new.graphs),
                                 "graphs were added, removed or renamed"))
         return found
     for o, n in zip(old.graphs, new.graphs, strict=True):
         for side in ("access", "origin"):
-            for f in dataclasses.fields(getattr(n, side)):
-                before, after = getattr(getattr(o, side), f.name), getattr(getattr(n, side), f.name)
-                if before != after and f.name not in LIVE_SIDE:
-                    found.append(FieldError(new.path, f"graph[{n.index}].{side}.{f.name}", shown(after),
-                                            f"was {shown(before)}; cannot change live"))
-        for f in dataclasses.fields(n.proxy):
-            before, after = getattr(o.proxy, f.name), getattr(n.proxy, f.name)
-            if before != after and (f.name not in LIVE_PROXY or
-                                    (f.name == "ports" and n.proxy.interception == "route")):
-                found.append(FieldError(new.path, f"graph[{n.index}].proxy.{f.name}", str(after),
-                                        f"was {before}; cannot change live"))
+            found += field_changes(new.path, f"graph[{n.index}].{side}", getattr(o, side), getattr(n, side), LIVE_SIDE)
+        live_proxy = LIVE_PROXY - {"ports"} if n.proxy.interception == "route" else LIVE_PROXY
+        found += field_changes(new.path, f"graph[{n.index}].proxy", o.proxy, n.proxy, live_proxy)
     return found
 
 
+def field_changes(path: str, where: str, old, new, live: set[str]) -> list[FieldError]:
+    """The fields of one config table (a dataclass) that differ and are not in `live`."""
+    return [FieldError(path, f"{where}.{f.name}", shown(getattr(new, f.name)),
+                       f"was {shown(getattr(old, f.name))}; cannot change live")
+            for f in dataclasses.fields(new) if getattr(old, f.name) != getattr(new, f.name) and f.name not in live]
+
+
 def shown(value) -> str:
-    """A side's value as the config writes it: a list's items, not a tuple's repr."""
+    """A value as the config writes it: a list's items, not a tuple's repr."""
     if isinstance(value, tuple):
         return ", ".join(str(v) for v in value) or "none"
     return str(value)

@@ -44,6 +44,6 @@ def test_pep_radio_s_queue_target_changes_live():
     assert step.run.args[2] == 60_000 and step.undo.args[2] == 30_000, (step.run.args, step.undo.args)
 
 
-def test_a_change_of_congestion_control_is_structural_with_its_target():
+def test_a_change_of_congestion_control_is_structural():
     fields = [e.field for e in reload.structural_changes(parse(BASE), with_access('congestion = "bbr"'))]
     assert "graph[0].access.congestion" in fields, fields
