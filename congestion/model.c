@@ -48,7 +48,8 @@
  *     --delay-step S:MS  the one-way delay becomes MS (longer) S seconds in: a new route
  *     --ts-hz HZ     the client's timestamps tick HZ times a second (default 1000, as
  *                    Linux since 4.13; older kernels tick at HZ: 100, 250, 300)
- *     --series       print a line per 100 ms: time, queue delay, window, rate
+ *     --series       print a line per 100 ms: time, queue delay, window, rate, and what
+ *                    the first download has delivered so far
  *     --page S       a page load S seconds in (bench responsiveness: 3)
  *     --sender cubic end-to-end CUBIC instead of pep_radio
  *     --sender oracle  the law's window from the link's true capacity one RTT ago
@@ -966,9 +967,10 @@ int main(int argc, char **argv)
 			}
 			if (series && e.t % 100000 == 0)
 				printf("# %.1f s: wait %.0f ms, window %llu B, rate %.2f Mbit/s, qdelay %u ms, "
-				       "bulk cwnd %u, out %llu\n", e.t / 1e6, qwait[nq - 1], (unsigned long long)sub.window,
-				       sub.rate * 8 / 1e6, sub.qdelay_us / 1000, idle ? 0 : bulk[0]->cwnd,
-				       idle ? 0ULL : (unsigned long long)bulk[0]->out);
+				       "bulk cwnd %u, out %llu, delivered %llu B\n", e.t / 1e6, qwait[nq - 1],
+				       (unsigned long long)sub.window, sub.rate * 8 / 1e6, sub.qdelay_us / 1000,
+				       idle ? 0 : bulk[0]->cwnd, idle ? 0ULL : (unsigned long long)bulk[0]->out,
+				       idle ? 0ULL : (unsigned long long)bulk[0]->delivered_bytes);
 			break;
 		}
 	}
