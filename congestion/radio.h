@@ -75,6 +75,7 @@ struct radio_sub {
 	__u64 resumed_us;                  /* the link last resumed after a pause: earlier sends waited in it */
 	__u64 drained_us;                  /* the last drain of its queue */
 	__s64 inflight;                    /* bytes its flows had in flight at their last ACKs, together */
+	__s64 inflight_hi;                 /* ... and before those ACKs: once refilled (radio_flight_hi) */
 	__u32 min_rtt_us;                  /* least RTT of the current bucket */
 	__u32 min_rtt_prev_us;             /* ... and of the bucket before */
 	__u32 win_qd_us;                   /* least queue sample of the window: the standing queue */
@@ -107,6 +108,7 @@ struct radio_flow {
 	__s64 up_base;                     /* an ACK's way back with no wait for a grant, in the same terms */
 	__u32 window_id;                   /* the subscriber window it last counted itself bulk in */
 	__u32 in_flight;                   /* packets out after its last ACK: was it waiting for one? */
+	__u32 flight_hi;                   /* ... and before it, 0 once none are out (radio_flight_hi) */
 	__u32 target_us;
 	__u32 sub_id;                      /* the id of the entry it holds a count in */
 	__u32 last_tsval;                  /* the peer's newest timestamp, and how often its 32 bits */

@@ -153,6 +153,21 @@ def test_flows_of_one_subscriber_share_its_window(model, tmp_path):
     assert got["wait_p50_ms"] <= 1.5 * TARGET_MS, f"together they hold one queue: {got['wait_p50_ms']} ms"
 
 
+
+def test_many_small_flows_use_the_window_they_share(model, tmp_path):
+    """Eight downloads of one subscriber on a slow, long link (3 Mbit/s, 150 ms RTT): each has a few
+    packets of the window, and each ACK (of two packets: the peer delays its ACKs) leaves its flow
+    half its window out until the flow refills it. Counted after the ACKs, the flows together seemed
+    to use 60% of the window: it never grew to the link (queue median 8 ms, 0.83 of the link; a
+    page's six connections beside a download on 3G did the same for the page's seconds). Counted
+    before them (radio_flight_hi), the window fills the link and holds the target."""
+    got = run(model, tmp_path, constant(3), constant(1), "--delay", "75", "--limit", "1000", "--flows", "8")
+    assert got["goodput_mbps"] >= 0.88 * got["offered_mbps"], \
+        f"eight small flows: goodput {got['goodput_mbps']} of {got['offered_mbps']} Mbit/s"
+    assert 0.5 * TARGET_MS <= got["wait_p50_ms"] <= 1.5 * TARGET_MS, \
+        f"eight small flows: queue median {got['wait_p50_ms']} ms, target {TARGET_MS} ms"
+    assert got["wait_p95_ms"] <= 5 * TARGET_MS, f"eight small flows: queue p95 {got['wait_p95_ms']} ms"
+
 def test_uplink_queue_does_not_hold_the_download_back(model, tmp_path):
     """The ACKs wait 40 ms for each uplink grant: with the peer's timestamps the law sees the downlink's
     queue alone."""
