@@ -168,6 +168,7 @@ def test_many_small_flows_use_the_window_they_share(model, tmp_path):
         f"eight small flows: queue median {got['wait_p50_ms']} ms, target {TARGET_MS} ms"
     assert got["wait_p95_ms"] <= 5 * TARGET_MS, f"eight small flows: queue p95 {got['wait_p95_ms']} ms"
 
+
 def test_uplink_queue_does_not_hold_the_download_back(model, tmp_path):
     """The ACKs wait 40 ms for each uplink grant: with the peer's timestamps the law sees the downlink's
     queue alone."""
@@ -186,6 +187,21 @@ def test_an_uplink_that_holds_the_acks_back_is_no_outage(model, tmp_path):
     assert got["outages"] == 0, f"the downlink never paused: the law counted {got['outages']} outages"
     assert got["rate_estimate_mbps"] <= 1.15 * got["offered_mbps"], \
         f"held ACKs: estimate {got['rate_estimate_mbps']} Mbit/s, the link's {got['offered_mbps']}"
+
+
+def test_an_uplink_silence_is_no_fall_of_capacity(model, tmp_path):
+    """The uplink falls silent for 900 ms, 10 s into a download over 2 Mbit/s at 150 ms RTT: the
+    download's flight arrives, its ACKs wait, and the sender has nothing more to send until they come.
+    A control window is a capacity sample only between ACKs that can be dated and that delivered
+    something. Ended by a request's first ACK (when its subscriber sent it is unknown: taken as its
+    arrival, 0.9 s after the ACKs held with it) or by a duplicate ACK of a retransmission, the window
+    spanned the silence, read a standing queue at a quarter of the rate, and halved it: 0.98 Mbit/s
+    for a second and a half after the silence (measured)."""
+    up = [t for t in constant(1) if not 10000 <= t < 10900]
+    _, rates = series_of(model, tmp_path, constant(2), up, r"rate ([\d.]+) Mbit/s", "--delay", "75",
+                         "--limit", "1000", "--seconds", "20")
+    after = [r for t, r in rates if 11.0 <= t <= 12.0]
+    assert min(after) >= 0.8 * 2, f"after the uplink's silence the rate estimate is the link's 2 Mbit/s: {after}"
 
 
 @pytest.mark.parametrize("stall_ms,every_ms", [(300, 2000), (500, 3000)])
@@ -248,15 +264,21 @@ def test_the_peer_s_timestamps_wrapping_change_nothing(model, tmp_path):
         assert wrapped[key] == plain[key], f"peer's clock wrapping 5 s in: {key} {wrapped[key]}, without {plain[key]}"
 
 
-def series_waits(model: str, tmp_path, down: list[int], up: list[int], *args: str) -> tuple[dict, list]:
-    """The model's JSON and its --series: (seconds, the link's queue wait in ms) every 100 ms."""
+def series_of(model: str, tmp_path, down: list[int], up: list[int], pattern: str, *args: str) -> tuple[dict, list]:
+    """The model's JSON and, from its --series line every 100 ms, (seconds, the number `pattern`'s one
+    group matches there)."""
     proc = subprocess.run([model, "--series", *args, write_trace(tmp_path / "down", down),
                            write_trace(tmp_path / "up", up)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, f"model {' '.join(args)}: {proc.stderr}"
     lines = proc.stdout.splitlines()
-    waits = [(float(m.group(1)), int(m.group(2))) for m in
-             (re.match(r"# ([\d.]+) s: wait (\d+) ms", line) for line in lines) if m]
-    return json.loads(lines[-1]), waits
+    points = [(float(m.group(1)), float(m.group(2))) for m in
+              (re.match(r"# ([\d.]+) s: .*?" + pattern, line) for line in lines) if m]
+    return json.loads(lines[-1]), points
+
+
+def series_waits(model: str, tmp_path, down: list[int], up: list[int], *args: str) -> tuple[dict, list]:
+    """The model's JSON and its --series: (seconds, the link's queue wait in ms) every 100 ms."""
+    return series_of(model, tmp_path, down, up, r"wait (\d+) ms", *args)
 
 
 def p95(values: list[int]) -> int:
