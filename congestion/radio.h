@@ -83,7 +83,9 @@ struct radio_sub {
 	__u32 win_path_n;                  /* without our queue (with the uplink's grants' wait) is their mean */
 	__u32 win_bulk;                    /* flows that were not application-limited in the window */
 	__u32 win_full;                    /* a flow filled its window in it: the link may take more */
-	__u32 bulk;                        /* ... in the last window: the rate is shared among them */
+	__u32 bulk;                        /* ... in the last two windows (the most of either): the window is
+					    * shared among them */
+	__u32 bulk_last;                   /* ... in the last window alone */
 	__u32 window_id;                   /* counts windows, so a flow counts itself once in each */
 	__u32 qdelay_us;                   /* the standing queue of the last window */
 	__u32 target_us;                   /* the graph's target when the entry was made */
