@@ -255,11 +255,14 @@ def check_failover(lab, graph: Graph, r: dict, src: str) -> dict:
         f"client {src}: {len(late)} connection(s) started {NEW_FLOWS_WITHIN * 1000:g} ms or more after kill -9 " \
         f"of HAProxy failed, expected none; errors {sorted({c['error'] for c in late})}; " \
         f"from T: {timeline(conns, T)}"
+    # A load generator on two busy cores may start nothing for a few ms after the kill: then the first
+    # connection it started at all is the first that must succeed (CI once saw its first at +12.3 ms).
     first_ok = min((c["start"] for c in after if c["ok"]), default=None)
-    assert first_ok is not None and first_ok - T <= NEW_FLOWS_WITHIN, \
+    failed_before = [c for c in after if not c["ok"] and (first_ok is None or c["start"] < first_ok)]
+    assert first_ok is not None and (first_ok - T <= NEW_FLOWS_WITHIN or not failed_before), \
         f"client {src}: first connection after kill -9 that succeeded started at " \
         f"{'never' if first_ok is None else f'+{(first_ok - T) * 1000:.1f} ms'}, expected within " \
-        f"{NEW_FLOWS_WITHIN * 1000:g} ms; from T: {timeline(conns, T)}"
+        f"{NEW_FLOWS_WITHIN * 1000:g} ms ({len(failed_before)} failed before it); from T: {timeline(conns, T)}"
     slow = [c for c in after if c["start"] >= T + NEW_FLOWS_WITHIN and c["connected"] - c["start"] > SYN_LOST]
     assert not slow, \
         f"client {src}: {len(slow)} connection(s) after the kill took over {SYN_LOST} s to connect (a SYN lost " \

@@ -62,7 +62,8 @@ LOADGEN = os.path.join(HERE, "loadgen.py")
 LAB_OPTIONS = ["--no-pepctl"]
 SRC = {"load": "198.18.0.40", "proxied": "198.18.0.41", "bypassed": "198.18.0.42", "new": "198.18.0.43"}
 LOAD_BEFORE = 1.5            # s of load before the first upgrade
-LOAD_SECONDS = 14.0          # s during which the load opens new connections (the upgrades take ~6 s)
+LOAD_SECONDS = 30.0          # s during which the load opens new connections (the upgrades took ~6 s,
+                             # and more than 14 on a slower machine: none was left after them)
 KILL_AFTER = "swap the flow programs of graph"   # the first upgrade is killed once it printed this
 
 
