@@ -875,9 +875,11 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 	 * held back by its receiver or its application says nothing of the link, and neither does a
 	 * flow that filled a small window of its own while the others left most of the subscriber's
 	 * unused (a window grown so would land on the radio's queue at once when they end). The others
-	 * count what they had out before their last ACKs: they refilled it since (radio_flight_hi). */
+	 * count what they had out before their last ACKs: they refilled it since (radio_flight_hi); this
+	 * one what it had before this ACK, also when the ACK left it nothing out. */
 	if (!a->app_limited && a->prior_in_flight * 4 >= a->cwnd * 3 &&
-	    sub->inflight_hi * 4 >= (__s64)sub->window * 3)
+	    (sub->inflight_hi + ((__s64)a->prior_in_flight - (__s64)f->flight_hi) * a->mss) * 4 >=
+	    (__s64)sub->window * 3)
 		sub->win_full = 1;
 
 	/* A control window ends on an ACK the subscriber's clock dates, and that delivered something:

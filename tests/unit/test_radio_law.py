@@ -57,6 +57,41 @@ int main(void)
 """
 
 
+# One download, no timestamps, no queue (every RTT the minimum, 50 ms): each ACK covers the whole
+# flight, the window the law gave it (32 packets at first), and leaves nothing out (a stretch ACK,
+# or ACKs coalesced on the way). At the end: the subscriber's window, bytes.
+STRETCH_ACKS = r"""
+#include <stdio.h>
+#include <linux/types.h>
+#include "radio.h"
+#include "radio_law.h"
+
+int main(void)
+{
+    struct radio_sub sub;
+    struct radio_flow f;
+    struct radio_out o;
+    __u64 t = 1000000;
+    __u32 cwnd = 32;
+    int step;
+
+    radio_sub_init(&sub, NULL, t, 50000, cwnd, 1448, RADIO_TARGET_US);
+    radio_start(&sub, &f, t, 50000, 1448, RADIO_TARGET_US, &o);
+    sub.startup = 0;
+    for (step = 1; step <= 40; step++) {
+        struct radio_ack a = {.now_us = t += 50000, .acked_bytes = (__u64)cwnd * 1448, .rtt_us = 50000,
+                              .srtt_us = 50000, .packets_out = 0, .prior_in_flight = cwnd, .cwnd = cwnd,
+                              .mss = 1448};
+
+        radio_on_ack(&sub, &f, &a, &o);
+        cwnd = o.cwnd;
+    }
+    printf("%llu\n", (unsigned long long)sub.window);
+    return 0;
+}
+"""
+
+
 def run_program(tmp_path, source: str) -> list[list[int]]:
     cc = shutil.which("gcc")
     if cc is None:
@@ -78,3 +113,12 @@ def test_a_flow_held_to_a_few_packets_still_shares_the_window(tmp_path):
     alone = [t for t, sharers in windows if sharers != 2]
     assert not alone, f"two downloads: windows shared among other than 2 flows at {alone[:10]} us " \
                       f"(of {len(windows)})"
+
+
+def test_a_flow_whose_acks_leave_nothing_out_still_fills_the_window(tmp_path):
+    """A flow counts what it had out before its ACK toward the window's use, also when the ACK left
+    it nothing out: counted as 0 there, a download whose ACKs each covered its whole flight never
+    filled its window, and on an empty link the window never grew."""
+    [[window]] = run_program(tmp_path, STRETCH_ACKS)
+    assert window > 2 * 32 * 1448, f"no queue, the whole window used every round trip: window {window} bytes, " \
+                                   f"started at {32 * 1448}"
