@@ -441,14 +441,17 @@ def serve(instance_dir: str) -> int:
     if cfg is None:
         print(f"exporter: no journal beside {instance_dir}: is the instance up?", file=sys.stderr)
         return 1
-    host = cfg.host
+    host, names = cfg.host, cfg.instance_names()
     server_class = _Server6 if ":" in host.metrics_address else _Server
     try:
         server = server_class((host.metrics_address, host.metrics_port), _handler(ex))
     except OSError as e:
-        print(f"exporter: cannot listen on {host.metrics_address} port {host.metrics_port}: {e.strerror}; "
-              "change [host] metrics_port (0: no exporter)", file=sys.stderr, flush=True)
+        why = f"exporter: cannot listen on {host.metrics_address} port {host.metrics_port}: {e.strerror}; " \
+              "change [host] metrics_port (0: no exporter)"
+        print(why, file=sys.stderr, flush=True)
+        write_file(names.exporter_failed, why + "\n")   # `up` fails at once, not after its timeout
         return 1
+    remove_file(names.exporter_failed)
     for _ in range(0, len(cfg.graphs), FAILOPEN_BATCH):   # every graph's state before the first scrape
         ex.check_failopen(cfg)
     loop = threading.Thread(target=ex.run_loop, name="exporter-loop", daemon=True)
@@ -461,7 +464,7 @@ def serve(instance_dir: str) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     print(f"exporter: serving http://{host.metrics_address}:{host.metrics_port}/metrics", flush=True)
-    pid_file = cfg.instance_names().exporter_pid
+    pid_file = names.exporter_pid
     write_file(pid_file, f"{os.getpid()}\n")   # listening: `up` waits for this
     try:
         server.serve_forever(poll_interval=0.5)

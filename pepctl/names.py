@@ -98,6 +98,7 @@ class InstanceNames:
     register: str         # REGISTER/INSTANCE.json
     exporter_keeper_pid: str
     exporter_pid: str     # written by the exporter once it listens: its readiness
+    exporter_failed: str  # written by the exporter when it cannot listen: why (`up` fails at once)
     exporter_log: str
     experiment_log: str   # the experiment's flow records, JSON lines (pepctl/experiment.py)
     frr_dir: str          # FRR's configs, pids, logs and sockets ([routing]: pepctl/routing.py)
@@ -146,6 +147,7 @@ def instance_names(instance: str, run_dir: str, bpf_dir: str | None = None) -> I
         register=os.path.join(REGISTER, f"{instance}.json"),
         exporter_keeper_pid=os.path.join(d, "exporter-keeper.pid"),
         exporter_pid=os.path.join(d, "exporter.pid"),
+        exporter_failed=os.path.join(d, "exporter.failed"),
         exporter_log=os.path.join(d, "exporter.log"),
         experiment_log=os.path.join(d, "experiment.jsonl"),
         frr_dir=os.path.join(d, "frr"),
@@ -166,7 +168,7 @@ def instance_files(n: InstanceNames) -> list[str]:
     """What the instance's folder may hold, as names and "*SUFFIX" patterns (pepctl/runner.py
     remove_dir): its undo removes these and nothing else."""
     files = [n.haproxy_cfg, n.haproxy_cfg_new, n.keeper_pid, n.keeper_log, n.exporter_keeper_pid, n.exporter_pid,
-             n.exporter_log, n.experiment_log, previous_log(n.experiment_log)]
+             n.exporter_failed, n.exporter_log, n.experiment_log, previous_log(n.experiment_log)]
     return [os.path.basename(f) for f in files] + [f"*{s}" for s in (TMP_SUFFIX, NFT_SUFFIX, RULES_SUFFIX)]
 
 

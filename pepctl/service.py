@@ -235,14 +235,20 @@ def _stop_keeper(how: str, unit: str, keeper_pid: str, instance_dir: str, unit_n
 @action("start_exporter")
 def start_exporter(how: str, instance_dir: str, journal: str, keeper_pid: str, exporter_pid: str, log_file: str,
                    unit: str, address: str, port: int) -> None:
-    """Starts the exporter and waits until it says it listens: it writes its PID once bound."""
+    """Starts the exporter and waits until it says it listens: it writes its PID once bound, or why it
+    cannot (a port taken: restarting it would not help, so `up` fails at once and rolls back)."""
+    failed = folder_names(instance_dir).exporter_failed   # (not an argument: journals name the call as before)
     remove_file(exporter_pid)
+    remove_file(failed)
     if how == "systemd":
         run(["systemctl", "start", unit])
     else:
         _start_keeper(instance_dir, journal, keeper_pid, log_file, EXPORTER_UNIT)
     deadline = time.monotonic() + EXPORTER_READY_TIMEOUT
     while not ((pid := read_pid(exporter_pid)) and _runs(pid, "exporter", instance_dir)):
+        if os.path.exists(failed):
+            with open(failed, errors="replace") as f:
+                raise StepError(f"the metrics exporter did not start: {f.read().strip()}{_tail(log_file)}")
         if time.monotonic() > deadline:
             raise StepError(f"the metrics exporter did not listen on {address} port {port} within "
                             f"{EXPORTER_READY_TIMEOUT:g}s; is the port taken? Change [host] metrics_port, or set it "
@@ -258,6 +264,7 @@ def stop_exporter(how: str, instance_dir: str, keeper_pid: str, exporter_pid: st
     if pid and _runs(pid, "exporter", instance_dir):
         stop_pid(pid, grace=5)
     remove_file(keeper_pid)
+    remove_file(folder_names(instance_dir).exporter_failed)
     remove_file(exporter_pid)
 
 
@@ -295,6 +302,7 @@ def stop_supervisor(how: str, instance_dir: str, keeper_pid: str, supervisor_pid
         if is_our_haproxy(pid, cfg):
             stop_pid(pid, grace=5)
     remove_file(keeper_pid)
+    remove_file(folder_names(instance_dir).exporter_failed)
 
 
 @action("supervisor_swap")

@@ -305,9 +305,9 @@ def take_metrics_port(host):
 # Where `up` fails: (what, how the test makes it fail, what stderr must name, the last step `up` must have
 # finished before failing: what the rollback has to undo; None: refusing up front is right too).
 FAILURES = [
-    # The exporter exits at once, again and again, after HAProxy came up: both keepers, the
-    # supervisor and HAProxy run and must be stopped.
-    ("metrics port taken", take_metrics_port, "did not listen on 127.0.0.1 port 9101", "start the proxy supervisor"),
+    # The exporter cannot listen, after HAProxy came up (`up` fails at once, not after its wait for
+    # the exporter): both keepers, the supervisor and HAProxy run and must be stopped.
+    ("metrics port taken", take_metrics_port, "cannot listen on 127.0.0.1 port 9101", "start the proxy supervisor"),
     # trunk_ingress's place on the NIC is taken: refused up front, or the very last step fails after
     # HAProxy came up. Either way the operator's filter must survive.
     ("trunk filter taken", take_trunk_filter, "nic0", None),
