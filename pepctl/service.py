@@ -251,7 +251,7 @@ def start_exporter(how: str, instance_dir: str, journal: str, keeper_pid: str, e
                 raise StepError(f"the metrics exporter did not start: {f.read().strip()}{_tail(log_file)}")
         if time.monotonic() > deadline:
             raise StepError(f"the metrics exporter did not listen on {address} port {port} within "
-                            f"{EXPORTER_READY_TIMEOUT:g}s; is the port taken? Change [host] metrics_port, or set it "
+                            f"{EXPORTER_READY_TIMEOUT:g}s (its log follows); change [host] metrics_port, or set it "
                             f"to 0 for no exporter{_tail(log_file)}")
         time.sleep(0.05)
 
@@ -302,7 +302,6 @@ def stop_supervisor(how: str, instance_dir: str, keeper_pid: str, supervisor_pid
         if is_our_haproxy(pid, cfg):
             stop_pid(pid, grace=5)
     remove_file(keeper_pid)
-    remove_file(folder_names(instance_dir).exporter_failed)
 
 
 @action("supervisor_swap")
