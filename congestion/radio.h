@@ -74,6 +74,7 @@ struct radio_sub {
 	__u64 min_rtt_stamp_us;            /* when the current minimum-RTT bucket opened */
 	__u64 resumed_us;                  /* the link last resumed after a pause: earlier sends waited in it */
 	__u64 drained_us;                  /* the last drain of its queue */
+	__u64 resume_window;               /* the window before an outage: startup after it stops there */
 	__s64 inflight;                    /* bytes its flows had in flight at their last ACKs, together */
 	__s64 inflight_hi;                 /* ... and before those ACKs: once refilled (radio_flight_hi) */
 	__u32 min_rtt_us;                  /* least RTT of the current bucket */

@@ -7,7 +7,8 @@ download), on links made to order here. What the law promises, checked on what i
   - its rate estimate follows the capacity and is not inflated by bursty delivery (BBR's max filter
     is: the 2-3x that keeps a standing queue in a radio's buffer);
   - it follows capacity that swings tenfold;
-  - an outage is counted once and the download resumes;
+  - an outage is counted once and the download resumes, at half its window, back at the whole
+    within a round trip if the link came back as it was;
   - random loss is not congestion;
   - a subscriber's flows share its window equally;
   - the uplink's own queue (the ACKs wait for grants) does not hold the download back, ACKs it
@@ -137,6 +138,38 @@ def test_outage_counted_once_and_the_download_resumes(model, tmp_path):
     assert got["outages"] == 1, f"one outage of 2 s: the law counted {got['outages']}"
     assert got["goodput_mbps"] >= 0.85 * got["offered_mbps"], \
         f"after the outage the download resumes at the link's rate: {got['goodput_mbps']} of {got['offered_mbps']}"
+
+
+def outage_then(model, tmp_path, after_mbit: float) -> tuple[int, float]:
+    """20 Mbit/s, both ways stopped from 8 to 10 s, then after_mbit: the longest wait of the downlink's
+    frames in the 1.5 s after the outage (the model's series, every 100 ms), and the download's rate
+    from 10.5 to 11 s (the retransmission timer has fired by then: a second at most)."""
+    down = [t for t in rate_trace(lambda t: 20 if t < 8000 else after_mbit, 20) if not 8000 <= t < 10000]
+    up = [t for t in constant(5, 20) if not 8000 <= t < 10000]
+    proc = subprocess.run([model, "--series", "--seconds", "20", write_trace(tmp_path / "down", down),
+                           write_trace(tmp_path / "up", up)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = [(float(t), int(wait), int(got)) for t, wait, got in
+             re.findall(r"# ([\d.]+) s: wait (\d+) ms,.*delivered (\d+) B", proc.stdout)]
+    delivered = {round(t, 1): got for t, _, got in lines}
+    return (max(wait for t, wait, _ in lines if 10.0 <= t < 11.5),
+            (delivered[11.0] - delivered[10.5]) * 8 / 0.5 / 1e6)
+
+
+def test_a_link_back_from_an_outage_slower_meets_half_the_window(model, tmp_path):
+    """A link that comes back from a 2 s outage at a fifth of its rate (another cell): the window it had
+    before, 200 KB, would be 320 ms of its queue at once; half of it, 160."""
+    wait, _ = outage_then(model, tmp_path, 4)
+    assert wait <= 200, f"20 Mbit/s, a 2 s outage, then 4: the downlink's frames waited up to {wait} ms after it"
+
+
+def test_a_link_back_from_an_outage_as_it_was_has_its_rate_at_once(model, tmp_path):
+    """The same outage, the link back at 20 Mbit/s: startup from half the window is back at the old one
+    within a round trip, and stops there (grown on past it, it read its queue a round trip late:
+    94 ms for a moment)."""
+    wait, mbit = outage_then(model, tmp_path, 20)
+    assert mbit >= 16, f"20 Mbit/s before and after a 2 s outage: {mbit:.1f} Mbit/s 0.5-1 s after it"
+    assert wait <= 2 * TARGET_MS, f"20 Mbit/s before and after a 2 s outage: frames waited up to {wait} ms after it"
 
 
 def test_random_loss_is_not_congestion(model, tmp_path):
