@@ -183,7 +183,7 @@ static inline int radio_is_outage(__u64 gap_us, int in_flight_before)
  * model, 20 Mbit/s before and after a 2 s outage: 94 ms of queue for a moment). Resumed at the old
  * window, that window stood in the radio's buffer as queue when the link came back at a fraction of
  * its rate, and the requests caught behind it waited out the next outage there, and were dropped
- * (the model, mahimahi's ATT-LTE-driving-2016: request p95 +509 ms over the idle link's, +379
+ * (the model, mahimahi's ATT-LTE-driving-2016: request p95 +509 ms over the idle link's, +370
  * with this; 3g-trace +454 and +331; the download's goodput the same within 0.01). */
 static inline void radio_after_outage(struct radio_sub *sub)
 {
