@@ -512,7 +512,6 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
 		qd = sub->win_qd_us;
 		sub->window = radio_next_window(sub->window, &sub->rate, &sub->startup, measured, path, qd,
 						sub->target_us, sub->win_full);
-
 	}
 	if (!sub->startup)
 		sub->resume_window = 0;            /* (startup after an outage met a queue before its end) */

@@ -140,20 +140,16 @@ def test_outage_counted_once_and_the_download_resumes(model, tmp_path):
         f"after the outage the download resumes at the link's rate: {got['goodput_mbps']} of {got['offered_mbps']}"
 
 
-def outage_then(model, tmp_path, after_mbit: float) -> tuple[int, float]:
+def outage_then(model, tmp_path, after_mbit: float) -> tuple[float, float]:
     """20 Mbit/s, both ways stopped from 8 to 10 s, then after_mbit: the longest wait of the downlink's
     frames in the 1.5 s after the outage (the model's series, every 100 ms), and the download's rate
     from 10.5 to 11 s (the retransmission timer has fired by then: a second at most)."""
     down = [t for t in rate_trace(lambda t: 20 if t < 8000 else after_mbit, 20) if not 8000 <= t < 10000]
     up = [t for t in constant(5, 20) if not 8000 <= t < 10000]
-    proc = subprocess.run([model, "--series", "--seconds", "20", write_trace(tmp_path / "down", down),
-                           write_trace(tmp_path / "up", up)], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    lines = [(float(t), int(wait), int(got)) for t, wait, got in
-             re.findall(r"# ([\d.]+) s: wait (\d+) ms,.*delivered (\d+) B", proc.stdout)]
-    delivered = {round(t, 1): got for t, _, got in lines}
-    return (max(wait for t, wait, _ in lines if 10.0 <= t < 11.5),
-            (delivered[11.0] - delivered[10.5]) * 8 / 0.5 / 1e6)
+    _, waits = series_waits(model, tmp_path, down, up, "--seconds", "20")
+    _, delivered = series_of(model, tmp_path, down, up, r"delivered (\d+) B", "--seconds", "20")
+    got = {round(t, 1): n for t, n in delivered}
+    return max(w for t, w in waits if 10.0 <= t < 11.5), (got[11.0] - got[10.5]) * 8 / 0.5 / 1e6
 
 
 def test_a_link_back_from_an_outage_slower_meets_half_the_window(model, tmp_path):
