@@ -130,6 +130,24 @@ def test_follows_capacity_swinging_tenfold(model, tmp_path):
     assert got["wait_p95_ms"] <= 4 * TARGET_MS, f"tenfold swing: queue p95 {got['wait_p95_ms']} ms"
 
 
+def test_a_long_path_follows_a_fade_s_end_within_a_second(model, tmp_path):
+    """3G's round trip (150 ms, 10 ms of jitter) over a link that fades to 0.5 Mbit/s for 5 s, then
+    comes back at 2, six times: the download has three quarters of the 2 Mbit/s again (over 300 ms)
+    within a second of the rise, on the mean of the six. A control window of a whole round trip took
+    1.2 s; half of one, 0.9 (radio_window_us)."""
+    down = rate_trace(lambda t: 0.5 if (t // 5000) % 2 == 0 else 2, 60)
+    _, delivered = series_of(model, tmp_path, down, constant(1, 60), r"delivered (\d+) B",
+                             "--delay", "75", "--jitter", "10", "--limit", "1000", "--seconds", "60")
+    got = {round(t, 1): n for t, n in delivered}
+
+    def rate(t: float) -> float:          # Mbit/s over the 300 ms from t
+        return (got[round(t + 0.3, 1)] - got[round(t, 1)]) * 8 / 0.3 / 1e6
+
+    took = [next((step / 10 for step in range(47) if rate(rise + step / 10) >= 1.5), 4.7)
+            for rise in (5.0, 15.0, 25.0, 35.0, 45.0, 55.0)]
+    assert sum(took) / len(took) <= 1.0, f"0.5 Mbit/s for 5 s, then 2, at 150 ms RTT: 1.5 Mbit/s again after {took} s"
+
+
 def test_outage_counted_once_and_the_download_resumes(model, tmp_path):
     """Both directions stop for 2 s, 8 s in."""
     down = [t for t in constant(10) if not 8000 <= t < 10000]
