@@ -12,8 +12,8 @@
  *     rate x (min RTT + target) keeps `target` of queue in the radio's
  *     buffer, whatever the capacity, and bounds what goes into a dead link.
  *   - Every control window (about one minimum RTT, at least 25 ms: radio links
- *     deliver in bursts, and a window must hold several; on a path longer than
- *     100 ms, half of one: radio_window_us), the law looks at
+ *     deliver in bursts, and a window must hold several; but no more than 50 ms
+ *     or half of one: radio_window_us), the law looks at
  *     what the flows delivered (bytes/s) and the least queue sample of the
  *     window (the downlink's one-way delay over its floor, from the peer's
  *     TCP timestamps: radio_queue_sample) and sets the next window
