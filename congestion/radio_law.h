@@ -74,8 +74,8 @@ static inline __u32 radio_qdelay(__u32 rtt_us, __u32 min_rtt_us)
 	return rtt_us > min_rtt_us ? rtt_us - min_rtt_us : 0;
 }
 
-/* How long a control window lasts: a minimum RTT, but on a long path no more than
- * RADIO_WINDOW_FADE_US or half of it. A radio's capacity fades on a time of its own (tens to hundreds
+/* How long a control window lasts: a minimum RTT, but no more than RADIO_WINDOW_FADE_US or half
+ * of it, whichever is longer. A radio's capacity fades on a time of its own (tens to hundreds
  * of ms), whatever the path behind it: a window of a whole 150 ms round trip followed a 3G link's
  * rise after a fade in two seconds, and its fall with a second's queue (the model,
  * `congestion.frontier --targets 30`, 3g-trace: goodput over CUBIC's 0.67 and request p95 +331 ms

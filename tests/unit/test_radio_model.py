@@ -136,14 +136,9 @@ def test_a_long_path_follows_a_fade_s_end_within_a_second(model, tmp_path):
     within a second of the rise, on the mean of the six. A control window of a whole round trip took
     1.2 s; half of one, 0.9 (radio_window_us)."""
     down = rate_trace(lambda t: 0.5 if (t // 5000) % 2 == 0 else 2, 60)
-    _, delivered = series_of(model, tmp_path, down, constant(1, 60), r"delivered (\d+) B",
-                             "--delay", "75", "--jitter", "10", "--limit", "1000", "--seconds", "60")
-    got = {round(t, 1): n for t, n in delivered}
-
-    def rate(t: float) -> float:          # Mbit/s over the 300 ms from t
-        return (got[round(t + 0.3, 1)] - got[round(t, 1)]) * 8 / 0.3 / 1e6
-
-    took = [next((step / 10 for step in range(47) if rate(rise + step / 10) >= 1.5), 4.7)
+    rate = download_rate(model, tmp_path, down, constant(1, 60),
+                         "--delay", "75", "--jitter", "10", "--limit", "1000", "--seconds", "60")
+    took = [next((step / 10 for step in range(47) if rate(rise + step / 10, rise + step / 10 + 0.3) >= 1.5), 4.7)
             for rise in (5.0, 15.0, 25.0, 35.0, 45.0, 55.0)]
     assert sum(took) / len(took) <= 1.0, f"0.5 Mbit/s for 5 s, then 2, at 150 ms RTT: 1.5 Mbit/s again after {took} s"
 
@@ -165,9 +160,8 @@ def outage_then(model, tmp_path, after_mbit: float) -> tuple[float, float]:
     down = [t for t in rate_trace(lambda t: 20 if t < 8000 else after_mbit, 20) if not 8000 <= t < 10000]
     up = [t for t in constant(5, 20) if not 8000 <= t < 10000]
     _, waits = series_waits(model, tmp_path, down, up, "--seconds", "20")
-    _, delivered = series_of(model, tmp_path, down, up, r"delivered (\d+) B", "--seconds", "20")
-    got = {round(t, 1): n for t, n in delivered}
-    return max(w for t, w in waits if 10.0 <= t < 11.5), (got[11.0] - got[10.5]) * 8 / 0.5 / 1e6
+    rate = download_rate(model, tmp_path, down, up, "--seconds", "20")
+    return max(w for t, w in waits if 10.0 <= t < 11.5), rate(10.5, 11.0)
 
 
 def test_a_link_back_from_an_outage_slower_meets_half_the_window(model, tmp_path):
@@ -326,6 +320,14 @@ def series_of(model: str, tmp_path, down: list[int], up: list[int], pattern: str
 def series_waits(model: str, tmp_path, down: list[int], up: list[int], *args: str) -> tuple[dict, list]:
     """The model's JSON and its --series: (seconds, the link's queue wait in ms) every 100 ms."""
     return series_of(model, tmp_path, down, up, r"wait (\d+) ms", *args)
+
+
+def download_rate(model: str, tmp_path, down: list[int], up: list[int], *args: str):
+    """From the model's --series: a function of (t0, t1), seconds on its 100 ms grid, giving the
+    download's Mbit/s between them."""
+    _, delivered = series_of(model, tmp_path, down, up, r"delivered (\d+) B", *args)
+    got = {round(t, 1): n for t, n in delivered}
+    return lambda t0, t1: (got[round(t1, 1)] - got[round(t0, 1)]) * 8 / (t1 - t0) / 1e6
 
 
 def p95(values: list[int]) -> int:
