@@ -1,13 +1,16 @@
 """How close pep_radio's law is to the best a sender at the PEP could do, on a trace profile.
 
     python3 -m congestion.frontier [--profile 3g-trace|trace:PATH] [--targets 20,30,50,80] [--model PATH]
+                                   [--starts 0,15,30,45] [--seconds 45]
 
 Runs the model (congestion/model.c, built by `make -C congestion model`) on the profile's link
 (linkem/profiles.toml: its traces, delays, jitter and buffer) as `bench responsiveness` loads it: a
 download, a 1 KB request every 200 ms, a page 3 s in; the floor is the requests alone. Two senders
 at each queue target: the law, and the model's oracle, which sets the window from the link's true
 capacity one round trip ago (every delivery opportunity, used or not: what no real sender sees).
-Each figure is the mean over four starts into the trace, as goodput over end-to-end CUBIC's (and
+Each figure is the mean over starts into the trace (four unless --starts says: `--starts 0` is the
+lab's own stretch, for bench responsiveness starts every run at the trace's first frame; `--seconds`
+is its length, 45 s on 3G and 20 elsewhere), as goodput over end-to-end CUBIC's (and
 over what the trace offered, which compares with the lab's table) and request p95 over the floor's:
 the two bars of issue 24 (bench/responsiveness.py has them), and the p95 of the radio queue's
 delay (sampled every 10 ms, thousands of samples where the requests are a few hundred: steadier,
@@ -34,11 +37,11 @@ SECONDS = 45                  # bench responsiveness's run on 3G, whose page nee
 PAGE_AT_S = 3
 
 
-def model_argv(model: str, profile: dict, offset: int, *extra: str) -> list[str]:
+def model_argv(model: str, profile: dict, offset: int, *extra: str, seconds: int = SECONDS) -> list[str]:
     """The model's command line for the profile's link (a profile as linkem.profiles.load gives it)."""
     link = profile["both"]
     return [model, "--delay", link["delay"], "--jitter", link.get("jitter", "0"), "--limit", link["limit_ms"],
-            "--seconds", str(SECONDS), "--offset", str(offset), *extra,
+            "--seconds", str(seconds), "--offset", str(offset), *extra,
             profiles.trace_path(profile["down"]["trace"]), profiles.trace_path(profile["up"]["trace"])]
 
 
@@ -48,11 +51,11 @@ def is_trace_profile(profile: dict) -> bool:
         all("trace" in profile[d] for d in ("down", "up"))
 
 
-def run(model: str, profile: dict, offset: int, *extra: str) -> dict:
-    proc = subprocess.run(model_argv(model, profile, offset, *extra), capture_output=True, text=True,
-                          timeout=120)
+def run(model: str, profile: dict, offset: int, *extra: str, seconds: int = SECONDS) -> dict:
+    argv = model_argv(model, profile, offset, *extra, seconds=seconds)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     if proc.returncode:
-        raise SystemExit(f"frontier: {' '.join(model_argv(model, profile, offset, *extra))}: {proc.stderr.strip()}")
+        raise SystemExit(f"frontier: {' '.join(argv)}: {proc.stderr.strip()}")
     return json.loads(proc.stdout)
 
 
@@ -60,24 +63,26 @@ class NothingToCompare(Exception):
     """End-to-end CUBIC delivered nothing in any start: the trace offers too little there for a ratio."""
 
 
-def frontier(model: str, profile: dict, targets: list[int]) -> list[dict]:
+def frontier(model: str, profile: dict, targets: list[int], offsets: tuple[int, ...] = OFFSETS_S,
+             seconds: int = SECONDS) -> list[dict]:
     """Per sender and target: mean goodput over CUBIC's and request p95 over the floor's (ms), over the
     starts where CUBIC delivered something (a recording may hold minutes of a dead link: a start inside
     them has no ratio). Every row names those starts."""
     page = ("--page", str(PAGE_AT_S))
-    base = {o: (run(model, profile, o, "--sender", "cubic", *page), run(model, profile, o, "--idle"))
-            for o in OFFSETS_S}
-    starts = [o for o in OFFSETS_S if base[o][0]["goodput_mbps"] > 0]
+    base = {o: (run(model, profile, o, "--sender", "cubic", *page, seconds=seconds),
+                run(model, profile, o, "--idle", seconds=seconds))
+            for o in offsets}
+    starts = [o for o in offsets if base[o][0]["goodput_mbps"] > 0]
     if not starts:
-        raise NothingToCompare(f"end-to-end CUBIC delivered nothing in any start ({', '.join(map(str, OFFSETS_S))} s "
-                               f"into the trace, {SECONDS} s each): the link is down there; nothing to compare")
+        raise NothingToCompare(f"end-to-end CUBIC delivered nothing in any start ({', '.join(map(str, offsets))} s "
+                               f"into the trace, {seconds} s each): the link is down there; nothing to compare")
     rows = []
     for sender in ("law", "oracle"):
         for target in targets:
             extra = ("--target", str(target), *page, *(("--sender", "oracle") if sender == "oracle" else ()))
             goodput = offered = p95 = queue = 0.0
             for o in starts:
-                got, (cubic, idle) = run(model, profile, o, *extra), base[o]
+                got, (cubic, idle) = run(model, profile, o, *extra, seconds=seconds), base[o]
                 goodput += got["goodput_mbps"] / cubic["goodput_mbps"]
                 offered += got["goodput_mbps"] / got["offered_mbps"]
                 p95 += got["p95_ms"] - idle["p95_ms"]
@@ -100,6 +105,9 @@ def main(argv: list[str]) -> int:
                          "PATH.up, mahimahi's format, at 50 ms RTT behind 500 ms buffers)")
     ap.add_argument("--targets", default="20,30,50,80", help="queue targets, ms, comma-separated")
     ap.add_argument("--model", default=MODEL, help="the model's binary (make -C congestion model)")
+    ap.add_argument("--starts", default=",".join(map(str, OFFSETS_S)),
+                    help="seconds into the trace where runs start, comma-separated (0: the lab's stretch)")
+    ap.add_argument("--seconds", type=int, default=SECONDS, help="each run's length (the lab: 45 on 3G, else 20)")
     args = ap.parse_args(argv)
     known = profiles.load()
     try:
@@ -117,18 +125,31 @@ def main(argv: list[str]) -> int:
     except ValueError:
         print(f"frontier: --targets {args.targets}: give whole ms, comma-separated (20,30,50)", file=sys.stderr)
         return 2
+    try:
+        offsets = tuple(int(o) for o in args.starts.split(","))
+    except ValueError:
+        offsets = ()
+    if not offsets or min(offsets) < 0:
+        print(f"frontier: --starts {args.starts}: give whole seconds into the trace, comma-separated (0,15,30)",
+              file=sys.stderr)
+        return 2
+    if args.seconds < 5:
+        print(f"frontier: --seconds {args.seconds}: a run needs 5 s at least (its page starts {PAGE_AT_S} s in)",
+              file=sys.stderr)
+        return 2
     if not os.access(args.model, os.X_OK):
         print(f"frontier: --model {args.model}: no such program; build it: make -C congestion model",
               file=sys.stderr)
         return 2
     try:
-        rows = frontier(args.model, profile, targets)
+        rows = frontier(args.model, profile, targets, offsets, args.seconds)
     except NothingToCompare as e:
         print(f"frontier: --profile {args.profile}: {e}", file=sys.stderr)
         return 2
     starts = rows[0]["starts"]
-    left_out = [o for o in OFFSETS_S if o not in starts]
-    print(f"{args.profile}: mean of {len(starts)} starts, {SECONDS} s each" +
+    left_out = [o for o in offsets if o not in starts]
+    print(f"{args.profile}: mean of {len(starts)} start{'s' if len(starts) > 1 else ''} "
+          f"({', '.join(map(str, starts))} s in), {args.seconds} s each" +
           (f" (at {', '.join(map(str, left_out))} s in, CUBIC delivered nothing: left out)" if left_out else ""))
     print(f"{'sender':8} {'target ms':>9} {'goodput / CUBIC':>15} {'of offered':>10} {'p95 over idle ms':>16} "
           f"{'queue p95 ms':>12}")

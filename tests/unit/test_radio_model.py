@@ -477,6 +477,21 @@ def test_frontier_sets_the_law_against_the_oracle(model):
         f"lte-trace: the radio queue's p95, law {law['queue_p95_ms']} ms, CUBIC {cubic['queue_p95_ms']} ms"
 
 
+def test_frontier_runs_the_lab_s_own_stretch(model, capsys):
+    """--starts 0 --seconds 20 runs what bench responsiveness runs (every run from the trace's first
+    frame, 20 s): one start, named; starts it cannot read are an error naming the value."""
+    rows = frontier.frontier(model, profiles.load()["lte-trace"], [30], (0,), 20)
+    assert all(r["starts"] == [0] for r in rows), rows
+    assert frontier.main(["--profile", "lte-trace", "--targets", "30", "--starts", "0", "--seconds", "20",
+                          "--model", model]) == 0
+    out = capsys.readouterr().out
+    assert "mean of 1 start (0 s in), 20 s each" in out, out
+    for bad in (["--starts", "0,x"], ["--starts", "-5"], ["--seconds", "2"]):
+        assert frontier.main([*bad, "--model", model]) == 2, bad
+        err = capsys.readouterr().err
+        assert f"{bad[0]} {bad[1]}" in err, f"the error must name the option and its value: {err}"
+
+
 def test_frontier_names_the_trace_profiles_for_another(model, capsys):
     assert frontier.main(["--profile", "lte", "--model", model]) == 2
     err = capsys.readouterr().err
