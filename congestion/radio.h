@@ -48,7 +48,8 @@ struct radio_params {
 
 /* radio_subs: LRU_HASH[RADIO_SUBSCRIBERS_MAX], one entry per subscriber
  * (address, in its graph's namespace). Every flow of a subscriber reads and
- * feeds it: one capacity estimate and one minimum RTT for all of them. */
+ * feeds it: one capacity estimate and one minimum RTT for all of them.
+ * `pepctl subscribers` reads it (struct radio_sub mirrored whole). */
 struct radio_sub_key {
 	__u32 netns;                       /* the graph namespace's inode number */
 	__u32 family;                      /* AF_INET or AF_INET6 */
@@ -79,9 +80,9 @@ struct radio_sub {
 	__s64 inflight_hi;                 /* ... and before those ACKs: once refilled (radio_flight_hi) */
 	__u32 min_rtt_us;                  /* least RTT of the current bucket */
 	__u32 min_rtt_prev_us;             /* ... and of the bucket before */
-	__u32 win_qd_us;                   /* least queue sample of the window: the standing queue */
 	__u64 win_path_sum_us;             /* RTT samples less their queue samples, summed: the round trip */
 	__u32 win_path_n;                  /* without our queue (with the uplink's grants' wait) is their mean */
+	__u32 win_qd_us;                   /* least queue sample of the window: the standing queue */
 	__u32 win_bulk;                    /* flows that were not application-limited in the window */
 	__u32 win_full;                    /* a flow filled its window in it: the link may take more */
 	__u32 bulk;                        /* ... in the last two windows (the most of either): the window is
@@ -100,6 +101,7 @@ struct radio_sub {
 	__u8 win_seen;                     /* RADIO_SEEN_*: whose ACKs the window had (radio_window_blind) */
 	__u8 blind;                        /* windows in a row that were blind, up to 255 */
 	__u8 ts_clock;                     /* RADIO_TS_*: its flows' timestamp clock, as last judged */
+	__u8 pad[3];                       /* (named: pepctl/radio_maps.py's mirror names every byte) */
 };
 
 /* radio_flow: a socket's own state, in its icsk_ca_priv (at most 104 bytes). */

@@ -1,7 +1,8 @@
 """The control plane's side of congestion/radio.h: pep_radio, the access side's congestion control.
 
 Follows congestion/radio.h (name, constants, the layouts of struct radio_params, struct
-radio_graph_stats and struct radio_sub_key, the histograms' bucket bounds) and the map names
+radio_graph_stats, struct radio_sub_key and struct radio_sub, the histograms' bucket bounds, the
+RADIO_TS_* clock verdicts) and the map names
 congestion/radio.bpf.c gives its maps. tests/unit/test_radio_contract.py compiles the header and
 compares all of it with what is here: a field added, removed, resized or moved in the header fails
 that test, and a loaded
@@ -78,13 +79,27 @@ class Layout:
         flat = iter(self.struct.unpack(raw))
         out = {}
         for name, code in self.fields:
-            n = int(code[:-1] or 1)
-            out[name] = tuple(next(flat) for _ in range(n)) if code[:-1] else next(flat)
+            if code[:-1] and not code.endswith("s"):     # an array; "16s" is one bytes value
+                out[name] = tuple(next(flat) for _ in range(int(code[:-1])))
+            else:
+                out[name] = next(flat)
         return out
 
 
 PARAMS = Layout("radio_params", (("target_us", "I"), ("flags", "I")))
 SUB_KEY = Layout("radio_sub_key", (("netns", "I"), ("family", "I"), ("addr", "16s")))
+SUB = Layout("radio_sub", (
+    *((f, "Q") for f in ("window", "rate", "win_start_us", "win_delivered", "win_lost", "last_ack_us", "last_rx_us",
+                         "min_rtt_stamp_us", "resumed_us", "drained_us", "resume_window")),
+    ("inflight", "q"), ("inflight_hi", "q"), ("min_rtt_us", "I"), ("min_rtt_prev_us", "I"),
+    ("win_path_sum_us", "Q"),
+    *((f, "I") for f in ("win_path_n", "win_qd_us", "win_bulk", "win_full", "bulk", "bulk_last", "window_id",
+                         "qdelay_us", "target_us", "flows", "id", "outages", "epoch")),
+    *((f"rtt_rise.{f}", "I") for f in ("drain_ms", "least_us", "before_us")),
+    *((f, "B") for f in ("startup", "draining", "win_seen", "blind", "ts_clock")),
+    ("pad", "3s"),
+))
+TS_CLOCKS = {0: "judging", 1: "ms", 2: "other"}   # RADIO_TS_JUDGING, RADIO_TS_MS, RADIO_TS_OTHER
 EPOCH_SLOTS = 2                     # active[2], indexed by epoch % 2
 STATS = Layout("radio_graph_stats", (
     ("flows_started", "Q"), ("flows_ended", "Q"), ("flows_warm", "Q"), ("subscribers_new", "Q"), ("outages", "Q"),
@@ -156,6 +171,57 @@ def stats_of(m: bpfsys.Map, netns_path: str) -> dict | None:
 def read_stats(pins: str, netns_path: str) -> dict | None:
     with open_stats(pins) as m:
         return stats_of(m, netns_path)
+
+
+# -- a graph's subscribers --------------------------------------------------------------------------
+def _address(key: dict) -> str:
+    if key["family"] == socket.AF_INET:
+        return str(ipaddress.IPv4Address(key["addr"][:4]))
+    return str(ipaddress.IPv6Address(key["addr"]))
+
+
+def read_subscribers(pins: str, graphs: dict[int, str]) -> list[dict]:
+    """The entries of radio_subs in the given graph namespaces (inode number -> graph name), each as
+    struct radio_sub with its "graph" and "address". The map is live: an entry that goes while it is
+    read is left out, and one read is not a snapshot of all at one instant."""
+    out = []
+    with _map(pins, SUBS_MAP, read_only=True) as m:
+        SUB.check(m.value_size, m.path)
+        if m.key_size != SUB_KEY.size:
+            raise ValueError(f"{m.path}: its key is {m.key_size} bytes, struct radio_sub_key {SUB_KEY.size}: "
+                             "the loaded congestion/radio.bpf.o and pepctl disagree")
+        for raw_key in m.keys():
+            key = SUB_KEY.unpack(raw_key, m.path)
+            if key["netns"] not in graphs:
+                continue
+            raw = m.lookup(raw_key)
+            if raw is not None:
+                out.append({"graph": graphs[key["netns"]], "address": _address(key), **SUB.unpack(raw, m.path)})
+    return out
+
+
+def known_min_rtt_us(sub: dict) -> int:
+    """The subscriber's minimum RTT as the law knows it (radio_known_min_rtt): the lesser of its two
+    buckets', 0 before any."""
+    a, b = sub["min_rtt_us"], sub["min_rtt_prev_us"]
+    return a if a and (not b or a < b) else b
+
+
+def subscriber_view(sub: dict, now: int) -> dict:
+    """What an operator reads of an entry of read_subscribers at `now` (now_us()): its estimate, and
+    what it is doing. state: startup (no queue seen yet: the window grows by what each ACK
+    delivers), draining (this control window empties the radio's queue), steady, or stale (silent
+    for RADIO_STALE_US: its next flow starts over)."""
+    heard_us = max(now - sub["last_ack_us"], 0)
+    state = ("stale" if heard_us >= STALE_US else "draining" if sub["draining"] else
+             "startup" if sub["startup"] else "steady")
+    min_rtt = known_min_rtt_us(sub)
+    return {"graph": sub["graph"], "address": sub["address"], "state": state, "flows": sub["flows"],
+            "rate_bytes_per_second": sub["rate"], "window_bytes": sub["window"],
+            "in_flight_bytes": max(sub["inflight"], 0), "min_rtt_seconds": min_rtt / 1e6 if min_rtt else None,
+            "queue_delay_seconds": sub["qdelay_us"] / 1e6, "queue_target_seconds": sub["target_us"] / 1e6,
+            "outages": sub["outages"], "heard_seconds_ago": heard_us / 1e6,
+            "timestamp_clock": TS_CLOCKS.get(sub["ts_clock"], f"unknown({sub['ts_clock']})")}
 
 
 # -- reading the statistics ----------------------------------------------------------------------------

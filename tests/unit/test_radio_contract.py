@@ -21,14 +21,15 @@ from pepctl import radio_maps as rm
 CONGESTION = os.path.join(os.path.dirname(__file__), "..", "..", "congestion")
 HEADER = os.path.join(CONGESTION, "radio.h")
 PROGRAM = os.path.join(CONGESTION, "radio.bpf.c")
-LAYOUTS = (rm.PARAMS, rm.STATS, rm.SUB_KEY)
+LAYOUTS = (rm.PARAMS, rm.STATS, rm.SUB_KEY, rm.SUB)
 # #define -> the mirror's value.
 CONSTANTS = {"RADIO_GRAPHS_MAX": rm.GRAPHS_MAX, "RADIO_SUBSCRIBERS_MAX": rm.SUBSCRIBERS_MAX,
              "RADIO_TARGET_US": rm.TARGET_US, "RADIO_EPOCH_US": rm.EPOCH_US, "RADIO_STALE_US": rm.STALE_US,
              "RADIO_OUTAGE_US": rm.OUTAGE_US, "RADIO_RTO_MAX_MS": rm.RTO_MAX_MS, "RADIO_RTO_MAX_RTTS": rm.RTO_MAX_RTTS,
              "RADIO_FAST_RETRIES": rm.FAST_RETRIES,
              "RADIO_QDELAY_BUCKETS": rm.QDELAY_BUCKETS,
-             "RADIO_RATE_BUCKETS": rm.RATE_BUCKETS}
+             "RADIO_RATE_BUCKETS": rm.RATE_BUCKETS,
+             **{f"RADIO_TS_{'MS' if word == 'ms' else word.upper()}": value for value, word in rm.TS_CLOCKS.items()}}
 BOUNDS = {"RADIO_QDELAY_BOUNDS_US": rm.QDELAY_BOUNDS_US, "RADIO_RATE_BOUNDS": rm.RATE_BOUNDS}
 
 
@@ -108,6 +109,9 @@ def test_the_mirror_names_every_member_in_order():
         mine = list(dict.fromkeys(name.split("[")[0].split(".")[0] for name, _ in layout.fields))
         assert mine == _members(layout.c_name), \
             f"struct {layout.c_name}: header members {_members(layout.c_name)}, radio_maps.py {mine}"
+    rise = ["drain_ms", "least_us", "before_us"]
+    assert _members("radio_rise") == rise, _members("radio_rise")
+    assert [n.split(".")[1] for n, _ in rm.SUB.fields if n.startswith("rtt_rise.")] == rise
     slot = ["epoch", "subscribers", "rate_sum"]
     assert _members("radio_epoch_count") == slot, _members("radio_epoch_count")
     assert [n.split(".")[1] for n, _ in rm.STATS.fields if n.startswith("active[0].")] == slot
