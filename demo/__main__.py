@@ -117,6 +117,8 @@ def show_responsiveness(lab: LabHandle) -> None:
         set_mode(lab, mode)
         set_profile(lab, "lte-trace")   # the trace starts over: both modes meet the same capacity
         got[mode] = one_run(lab, 12)
+        if mode == "proxy":             # what pep_radio made of the link, before the entry ages
+            estimate = lab.pepctl("subscribers", CLIENT4, check=False).stdout.strip()
     set_mode(lab, "proxy")
     set_profile(lab, "none")
     p, e = got["proxy"], got["e2e"]
@@ -124,6 +126,9 @@ def show_responsiveness(lab: LabHandle) -> None:
     say(f"   download runs, a 1 KB request takes {p['small_p95_ms']:.0f} ms (p95) through the PEP and "
         f"{e['small_p95_ms']:.0f} ms end-to-end; the download gets {p['bulk_mbps']:.1f} vs {e['bulk_mbps']:.1f} Mbit/s")
     say("   (./scripts/bench responsiveness measures it on every trace profile)")
+    if estimate:
+        say(f"   {DEFAULT_CONGESTION}'s estimate of the client's link right after (pepctl subscribers {CLIENT4}):")
+        say("   " + estimate.replace("\n", "\n   "))
     say()
 
 

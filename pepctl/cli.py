@@ -1,6 +1,6 @@
 """pepctl: bring the PEP up on a proxy host, watch it, take it out.
 
-Nouns change nothing (`plan`, `status`); verbs change state (`up`, `down`, `reload`,
+Nouns change nothing (`plan`, `status`, `subscribers`); verbs change state (`up`, `down`, `reload`,
 `bypass add|del|sync`) and hold the instance's lock while they do. Every run of `up` on a host
 that is already up with the same config changes nothing and says so.
 """
@@ -17,7 +17,7 @@ import traceback
 
 from haproxy import supervise
 
-from . import bypass, checks, drain, exporter, hostinfo, plan, report, service, status
+from . import bypass, checks, drain, exporter, hostinfo, plan, report, service, status, subscribers
 from . import config as configmod
 from . import reload as reload_mod
 from . import upgrade as upgrade_mod
@@ -267,6 +267,28 @@ def cmd_status(args, out) -> int:
     return 0 if report["state"] in ("up", "down") else 1
 
 
+def cmd_subscribers(args, out) -> int:
+    cfg = configmod.load(args.config)
+    if args.top < 0:
+        print(f"pepctl subscribers: --top {args.top}: give how many to show (0: all)", file=sys.stderr)
+        return 2
+    graph = _graph(cfg, args.graph).name if args.graph else None    # (None: every graph)
+    try:
+        got = subscribers.collect(cfg, args.address, graph, args.top, args.all)
+    except subscribers.Refused as e:
+        print(f"pepctl subscribers: {e}", file=sys.stderr)
+        return 2 if isinstance(e, subscribers.BadSelector) else 1
+    if args.json:
+        json.dump(got, out, indent=2)
+        print(file=out)
+    else:
+        subscribers.print_table(got, out)
+    for sel in got["unmatched"]:
+        print(f"pepctl subscribers: {sel}: pep_radio has no state for it (no flow of it ran pep_radio in "
+              f"{'graph ' + args.graph if args.graph else 'these graphs'}, or its entry was evicted)", file=sys.stderr)
+    return 1 if got["unmatched"] and not got["subscribers"] else 0
+
+
 def cmd_reload(args, out) -> int:
     cfg, info = load(args)
     text, digest = read_config(args.config)
@@ -494,6 +516,8 @@ COMMANDS = {
     "up": (cmd_up, "bring the instance up (no-op if already up with this config)"),
     "down": (cmd_down, "remove everything `up` made, and nothing else"),
     "status": (cmd_status, "report state, what new flows get, HAProxy sessions and datapath counters"),
+    "subscribers": (cmd_subscribers, "pep_radio's estimate per subscriber: rate, window, minimum RTT, queue, "
+                                     "outages"),
     "reload": (cmd_reload, "apply a changed proxy config without dropping connections (plan --reload: how)"),
     "upgrade": (cmd_upgrade, "take over an instance another pepctl brought up, in place, dropping no connection "
                              "(plan --upgrade: how)"),
@@ -519,6 +543,13 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
                            help="how long to wait for another command holding the instance's lock (default 600)")
             p.add_argument("--no-wait", action="store_true", help="do not wait for the lock: say who holds it")
         if name == "status":
+            p.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "subscribers":
+            p.add_argument("address", nargs="*", help="only these addresses or networks (198.18.0.10, 2001:2::/48)")
+            p.add_argument("--graph", "-g", help="only this graph")
+            p.add_argument("--top", type=int, default=subscribers.TOP,
+                           help="at most this many, fastest first (default %(default)s; 0: all)")
+            p.add_argument("--all", action="store_true", help="stale entries too (silent for 30 s: they start over)")
             p.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "plan":
             which = p.add_mutually_exclusive_group()

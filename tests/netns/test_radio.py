@@ -1,5 +1,5 @@
 """pep_radio, pepctl's own congestion control: registered by `up`, run by the access side's sockets,
-counting, exported, shown by status, shared by instances, and gone with its last user.
+counting, exported, shown by status and per subscriber, shared by instances, and gone with its last user.
 
    client 198.18.0.10 -- switch ==trunk== proxyhost: nic0 -- graph pl<rid>-pep -- origin 198.19.0.10 (nginx)
                                           pepctl pl<rid> (pep-lab up --congestion pep_radio), exporter :9101
@@ -212,6 +212,37 @@ def test_status_shows_one_line_for_it(lab):
     r = g["radio"]
     assert r["flows_started"] >= 1 and r["control_windows"] >= 1 and r["queue_delay_p95_seconds"] is not None, r
     assert r["queue_target_seconds"] == radio_maps.TARGET_US / 1e6, r
+
+
+def test_subscribers_shows_the_client_s_estimate_while_it_downloads(lab):
+    """`pepctl subscribers` reads the client's entry of radio_subs: its download's flow, a rate, the
+    lab's round trip (no link model: a few ms at most) as its minimum RTT, heard just now; the table
+    names it, an address with no entry is said to have none, and one that is no address is refused."""
+    load = slow_download(lab, 12)
+    try:
+        def seen():
+            got = json.loads(lab.pepctl("subscribers", CLIENT, "--json").stdout)["subscribers"]
+            return got[0] if got and got[0]["flows"] >= 1 and got[0]["rate_bytes_per_second"] > 0 else None
+        view = wait_for(seen, timeout=8, what=f"pepctl subscribers {CLIENT}: an entry with a flow and a rate")
+        table = lab.pepctl("subscribers").stdout
+    finally:
+        load.kill()
+        load.wait()
+    assert view["graph"] == "pep" and view["address"] == CLIENT, view
+    assert view["state"] in ("startup", "steady", "draining"), view
+    assert view["min_rtt_seconds"] is not None and 0 < view["min_rtt_seconds"] < 0.05, \
+        f"{CLIENT}: the lab's path has no link model, its minimum RTT is a few ms at most: {view}"
+    assert view["heard_seconds_ago"] < 2 and view["queue_target_seconds"] == radio_maps.TARGET_US / 1e6, view
+    row = next((x.split() for x in table.splitlines() if CLIENT in x), None)
+    assert row and row[0] == "pep" and row[1] == CLIENT, f"pepctl subscribers: no row of {CLIENT}:\n{table}"
+    absent = lab.pepctl("subscribers", "198.18.0.250", check=False)
+    assert absent.returncode == 1 and "198.18.0.250/32: pep_radio has no state for it" in absent.stderr, \
+        f"an address with no entry: exit {absent.returncode}, {absent.stdout}{absent.stderr}"
+    bad = lab.pepctl("subscribers", "client", check=False)
+    assert bad.returncode == 2 and "'client': not an address or a network" in bad.stderr, \
+        f"no address: exit {bad.returncode}, {bad.stderr}"
+    other = lab.pepctl("subscribers", "--graph", "nosuch", check=False)
+    assert other.returncode == 1 and "no graph 'nosuch'" in other.stderr, f"exit {other.returncode}, {other.stderr}"
 
 
 def test_reload_changes_the_queue_target_live(lab):
