@@ -1,7 +1,7 @@
 """How close pep_radio's law is to the best a sender at the PEP could do, on a trace profile.
 
     python3 -m congestion.frontier [--profile 3g-trace|trace:PATH] [--targets 20,30,50,80] [--model PATH]
-                                   [--starts 0,15,30,45] [--seconds 45]
+                                   [--starts 0,15,30,45] [--seconds 45] [--slowest N]
 
 Runs the model (congestion/model.c, built by `make -C congestion model`) on the profile's link
 (linkem/profiles.toml: its traces, delays, jitter and buffer) as `bench responsiveness` loads it: a
@@ -16,7 +16,10 @@ the two bars of issue 24 (bench/responsiveness.py has them), and the p95 of the 
 delay (sampled every 10 ms, thousands of samples where the requests are a few hundred: steadier,
 for comparing laws whose request p95 lies within a run's spread); a last row gives CUBIC's own.
 The oracle's row is the frontier: a target where even it misses a bar is a pair of bars no law at the
-PEP meets on that trace (in the model).
+PEP meets on that trace (in the model). `--slowest N` then names the moments: the N requests the law
+took longest over on the first start, at the first target, each beside what the oracle and the idle
+link took for the request begun at the same moment (every run begins its requests on one clock), so
+that a p95 the law loses to the oracle can be read with the model's `--series` where it is lost.
 
 This is a tuning aid built on the model, not a measurement: `bench responsiveness` measures.
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -51,12 +55,45 @@ def is_trace_profile(profile: dict) -> bool:
         all("trace" in profile[d] for d in ("down", "up"))
 
 
-def run(model: str, profile: dict, offset: int, *extra: str, seconds: int = SECONDS) -> dict:
+def run_model(model: str, profile: dict, offset: int, *extra: str,
+              seconds: int = SECONDS) -> subprocess.CompletedProcess:
+    """The model, run on the profile's link; its failure stops the frontier, naming the command."""
     argv = model_argv(model, profile, offset, *extra, seconds=seconds)
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     if proc.returncode:
         raise SystemExit(f"frontier: {' '.join(argv)}: {proc.stderr.strip()}")
-    return json.loads(proc.stdout)
+    return proc
+
+
+def run(model: str, profile: dict, offset: int, *extra: str, seconds: int = SECONDS) -> dict:
+    """The model's figures for one run (its JSON)."""
+    return json.loads(run_model(model, profile, offset, *extra, seconds=seconds).stdout)
+
+
+REQUEST_LINE = re.compile(r"request at (?P<begun>[\d.]+) s: (?P<ms>[\d.]+) ms")  # the model's --requests lines
+
+
+def request_times(model: str, profile: dict, offset: int, *extra: str, seconds: int = SECONDS) -> dict[float, float]:
+    """How long each request took (ms), by when it began (s): the model's --requests lines."""
+    times = {}
+    for line in run_model(model, profile, offset, "--requests", *extra, seconds=seconds).stderr.splitlines():
+        match = REQUEST_LINE.fullmatch(line)
+        if match:
+            times[float(match["begun"])] = float(match["ms"])
+    return times
+
+
+def slowest(model: str, profile: dict, target: int, count: int, offset: int = 0,
+            seconds: int = SECONDS) -> list[dict]:
+    """The `count` requests the law took longest over, in the order they began, each with what the
+    oracle and the idle link took for the request begun at the same moment (None: it had not ended)."""
+    page = ("--page", str(PAGE_AT_S))
+    times = {"law": request_times(model, profile, offset, "--target", str(target), *page, seconds=seconds),
+             "oracle": request_times(model, profile, offset, "--target", str(target), "--sender", "oracle", *page,
+                                     seconds=seconds),
+             "idle": request_times(model, profile, offset, "--idle", seconds=seconds)}
+    worst = sorted(times["law"], key=lambda begun: -times["law"][begun])[:count]
+    return [{"begun_s": begun, **{sender: got.get(begun) for sender, got in times.items()}} for begun in sorted(worst)]
 
 
 class NothingToCompare(Exception):
@@ -108,6 +145,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--starts", default=",".join(map(str, OFFSETS_S)),
                     help="seconds into the trace where runs start, comma-separated (0: the lab's stretch)")
     ap.add_argument("--seconds", type=int, default=SECONDS, help="each run's length (the lab: 45 on 3G, else 20)")
+    ap.add_argument("--slowest", type=int, default=0, metavar="N",
+                    help="then the law's N slowest requests on the first start, at the first target, beside the "
+                         "oracle's and the idle link's")
     args = ap.parse_args(argv)
     known = profiles.load()
     try:
@@ -137,6 +177,9 @@ def main(argv: list[str]) -> int:
         print(f"frontier: --seconds {args.seconds}: a run needs 5 s at least (its page starts {PAGE_AT_S} s in)",
               file=sys.stderr)
         return 2
+    if args.slowest < 0:
+        print(f"frontier: --slowest {args.slowest}: give how many requests to list (0: none)", file=sys.stderr)
+        return 2
     if not os.access(args.model, os.X_OK):
         print(f"frontier: --model {args.model}: no such program; build it: make -C congestion model",
               file=sys.stderr)
@@ -157,6 +200,12 @@ def main(argv: list[str]) -> int:
         target = r["target_ms"] or "-"
         print(f"{r['sender']:8} {target:>9} {r['goodput_over_cubic']:>15.2f} {r['of_offered']:>10.2f} "
               f"{r['p95_over_idle_ms']:>+16.0f} {r['queue_p95_ms']:>12.0f}")
+    if args.slowest:
+        print(f"\nthe law's {args.slowest} slowest requests at {targets[0]} ms, {starts[0]} s in (ms; -: not ended):")
+        print(f"{'begun s':>8} {'law':>6} {'oracle':>6} {'idle':>6}")
+        for r in slowest(args.model, profile, targets[0], args.slowest, starts[0], args.seconds):
+            print(f"{r['begun_s']:>8.1f} " + " ".join(f"{r[s]:>6.0f}" if r[s] is not None else f"{'-':>6}"
+                                                       for s in ("law", "oracle", "idle")))
     return 0
 
 

@@ -50,6 +50,7 @@
  *                    Linux since 4.13; older kernels tick at HZ: 100, 250, 300)
  *     --series       print a line per 100 ms: time, queue delay, window, rate, and what
  *                    the first download has delivered so far
+ *     --requests     print a line per request on stderr: when it began, how long it took
  *     --page S       a page load S seconds in (bench responsiveness: 3)
  *     --sender cubic end-to-end CUBIC instead of pep_radio
  *     --sender oracle  the law's window from the link's true capacity one RTT ago
@@ -337,6 +338,7 @@ static int timestamps = 1;             /* the client sends TCP timestamps (--no-
 static double ts_wrap_s = -1;          /* --ts-wrap S: the client's timestamps wrap S s in */
 static double ts_hz = 1000;            /* --ts-hz HZ: the client's timestamp clock (RFC 7323: 1 Hz to 1 kHz) */
 static int sender_cubic;               /* --sender cubic */
+static int print_requests;             /* --requests */
 static int sender_oracle;              /* --sender oracle */
 static __u64 path_rtt_us;              /* the path's round trip with no queue: both delays */
 static __u32 page_pkts[PAGE_OBJECTS];  /* the page's objects in packets, in the order they are asked for */
@@ -713,7 +715,7 @@ static void client_data(struct flow *f, __u32 id, __u64 now, __u64 seq, __u64 se
 			page_object_done(f, id, now);
 		else if (nreq < sizeof(req_ms) / sizeof(req_ms[0]))
 			req_ms[nreq++] = (now - f->begin) / 1000.0;
-		if (getenv("MODEL_REQUESTS") && !f->page)
+		if (print_requests && !f->page)
 			fprintf(stderr, "request at %.2f s: %.0f ms\n", f->begin / 1e6, (now - f->begin) / 1000.0);
 		f->begin = 0;
 	}
@@ -809,6 +811,8 @@ int main(int argc, char **argv)
 			join_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--bulk-at") && i + 1 < argc)
 			bulk_at_s = atof(argv[++i]);
+		else if (!strcmp(argv[i], "--requests"))
+			print_requests = 1;
 		else if (!strcmp(argv[i], "--page") && i + 1 < argc)
 			page_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--sender") && i + 1 < argc && !strcmp(argv[i + 1], "cubic") && ++i)
@@ -824,7 +828,7 @@ int main(int argc, char **argv)
 	}
 	if (npaths != 2 || nbulk < 1 || nbulk > MAX_BULK) {
 		fprintf(stderr, "usage: model [--seconds S] [--delay MS] [--limit MS] [--target MS] [--flows N] "
-			"[--offset S] [--loss P] [--jitter MS] [--no-timestamps] [--ts-wrap S] [--ts-hz HZ] [--delay-step S:MS] [--idle] [--series] [--page S] [--join S] [--bulk-at S] [--leave S] [--sender cubic|oracle] "
+			"[--offset S] [--loss P] [--jitter MS] [--no-timestamps] [--ts-wrap S] [--ts-hz HZ] [--delay-step S:MS] [--idle] [--series] [--requests] [--page S] [--join S] [--bulk-at S] [--leave S] [--sender cubic|oracle] "
 			"DOWN_TRACE UP_TRACE\n");
 		return 2;
 	}

@@ -492,6 +492,30 @@ def test_frontier_runs_the_lab_s_own_stretch(model, capsys):
         assert f"{bad[0]} {bad[1]}" in err, f"the error must name the option and its value: {err}"
 
 
+def test_frontier_names_the_law_s_slowest_requests(model, capsys):
+    """--slowest N lists the N requests the law took longest over (the model's --requests lines, one
+    per request of its JSON count), in the order they began, beside what the oracle and the idle link
+    took for the request begun at the same moment; every one of them took the law at least its p95."""
+    profile = profiles.load()["lte-trace"]
+    law = frontier.run(model, profile, 0, "--target", "30", "--page", str(frontier.PAGE_AT_S), seconds=20)
+    times = frontier.request_times(model, profile, 0, "--target", "30", "--page", str(frontier.PAGE_AT_S),
+                                   seconds=20)
+    assert len(times) == law["requests"], f"--requests: {len(times)} lines, the JSON counts {law['requests']}"
+    rows = frontier.slowest(model, profile, 30, 3, 0, 20)
+    assert [r["begun_s"] for r in rows] == sorted(r["begun_s"] for r in rows) and len(rows) == 3, rows
+    for r in rows:
+        assert r["law"] == times[r["begun_s"]] and r["law"] >= law["p95_ms"], \
+            f"lte-trace, the request begun {r['begun_s']} s in: law {r['law']} ms, its p95 {law['p95_ms']} ms"
+        assert r["oracle"] is not None and r["idle"] is not None and 0 < r["idle"] < 5000, r
+    assert frontier.main(["--profile", "lte-trace", "--targets", "30", "--starts", "0", "--seconds", "20",
+                          "--slowest", "3", "--model", model]) == 0
+    out = capsys.readouterr().out
+    assert "the law's 3 slowest requests at 30 ms, 0 s in" in out and \
+        all(f"{r['begun_s']:>8.1f} {r['law']:>6.0f}" in out for r in rows), out
+    assert frontier.main(["--slowest", "-1", "--model", model]) == 2
+    assert "--slowest -1" in capsys.readouterr().err
+
+
 def test_frontier_names_the_trace_profiles_for_another(model, capsys):
     assert frontier.main(["--profile", "lte", "--model", model]) == 2
     err = capsys.readouterr().err
