@@ -55,6 +55,11 @@ def is_trace_profile(profile: dict) -> bool:
         all("trace" in profile[d] for d in ("down", "up"))
 
 
+def sender_args(sender: str, target: int) -> tuple[str, ...]:
+    """The model's arguments for the law or the oracle at a queue target, beside bench responsiveness's page."""
+    return ("--target", str(target), "--page", str(PAGE_AT_S), *(("--sender", "oracle") if sender == "oracle" else ()))
+
+
 def run_model(model: str, profile: dict, offset: int, *extra: str,
               seconds: int = SECONDS) -> subprocess.CompletedProcess:
     """The model, run on the profile's link; its failure stops the frontier, naming the command."""
@@ -87,11 +92,9 @@ def slowest(model: str, profile: dict, target: int, count: int, offset: int = 0,
             seconds: int = SECONDS) -> list[dict]:
     """The `count` requests the law took longest over, in the order they began, each with what the
     oracle and the idle link took for the request begun at the same moment (None: it had not ended)."""
-    page = ("--page", str(PAGE_AT_S))
-    times = {"law": request_times(model, profile, offset, "--target", str(target), *page, seconds=seconds),
-             "oracle": request_times(model, profile, offset, "--target", str(target), "--sender", "oracle", *page,
-                                     seconds=seconds),
-             "idle": request_times(model, profile, offset, "--idle", seconds=seconds)}
+    times = {sender: request_times(model, profile, offset, *sender_args(sender, target), seconds=seconds)
+             for sender in ("law", "oracle")}
+    times["idle"] = request_times(model, profile, offset, "--idle", seconds=seconds)
     worst = sorted(times["law"], key=lambda begun: -times["law"][begun])[:count]
     return [{"begun_s": begun, **{sender: got.get(begun) for sender, got in times.items()}} for begun in sorted(worst)]
 
@@ -116,7 +119,7 @@ def frontier(model: str, profile: dict, targets: list[int], offsets: tuple[int, 
     rows = []
     for sender in ("law", "oracle"):
         for target in targets:
-            extra = ("--target", str(target), *page, *(("--sender", "oracle") if sender == "oracle" else ()))
+            extra = sender_args(sender, target)
             goodput = offered = p95 = queue = 0.0
             for o in starts:
                 got, (cubic, idle) = run(model, profile, o, *extra, seconds=seconds), base[o]

@@ -497,9 +497,8 @@ def test_frontier_names_the_law_s_slowest_requests(model, capsys):
     per request of its JSON count), in the order they began, beside what the oracle and the idle link
     took for the request begun at the same moment; every one of them took the law at least its p95."""
     profile = profiles.load()["lte-trace"]
-    law = frontier.run(model, profile, 0, "--target", "30", "--page", str(frontier.PAGE_AT_S), seconds=20)
-    times = frontier.request_times(model, profile, 0, "--target", "30", "--page", str(frontier.PAGE_AT_S),
-                                   seconds=20)
+    law = frontier.run(model, profile, 0, *frontier.sender_args("law", 30), seconds=20)
+    times = frontier.request_times(model, profile, 0, *frontier.sender_args("law", 30), seconds=20)
     assert len(times) == law["requests"], f"--requests: {len(times)} lines, the JSON counts {law['requests']}"
     rows = frontier.slowest(model, profile, 30, 3, 0, 20)
     assert [r["begun_s"] for r in rows] == sorted(r["begun_s"] for r in rows) and len(rows) == 3, rows
