@@ -1,7 +1,7 @@
 """How close pep_radio's law is to the best a sender at the PEP could do, on a trace profile.
 
     python3 -m congestion.frontier [--profile 3g-trace|trace:PATH] [--targets 20,30,50,80] [--model PATH]
-                                   [--starts 0,15,30,45] [--seconds 45] [--slowest N]
+                                   [--starts 0,15,30,45] [--seconds 45] [--slowest N] [--unused N]
 
 Runs the model (congestion/model.c, built by `make -C congestion model`) on the profile's link
 (linkem/profiles.toml: its traces, delays, jitter and buffer) as `bench responsiveness` loads it: a
@@ -20,6 +20,9 @@ PEP meets on that trace (in the model). `--slowest N` then names the moments: th
 took longest over on the first start, at the first target, each beside what the oracle and the idle
 link took for the request begun at the same moment (every run begins its requests on one clock), so
 that a p95 the law loses to the oracle can be read with the model's `--series` where it is lost.
+`--unused N` does the same for goodput: the N seconds of that run in which the law left the most of
+the link's capacity unused beyond what the oracle left, each beside the capacity the trace offered
+then and what the oracle and CUBIC left (the model's `--unused`).
 
 This is a tuning aid built on the model, not a measurement: `bench responsiveness` measures.
 """
@@ -56,8 +59,9 @@ def is_trace_profile(profile: dict) -> bool:
 
 
 def sender_args(sender: str, target: int) -> tuple[str, ...]:
-    """The model's arguments for the law or the oracle at a queue target, beside bench responsiveness's page."""
-    return ("--target", str(target), "--page", str(PAGE_AT_S), *(("--sender", "oracle") if sender == "oracle" else ()))
+    """The model's arguments for the law, the oracle or CUBIC (which has no target) at a queue target,
+    beside bench responsiveness's page."""
+    return ("--target", str(target), "--page", str(PAGE_AT_S), *(("--sender", sender) if sender != "law" else ()))
 
 
 def run_model(model: str, profile: dict, offset: int, *extra: str,
@@ -76,6 +80,7 @@ def run(model: str, profile: dict, offset: int, *extra: str, seconds: int = SECO
 
 
 REQUEST_LINE = re.compile(r"request at (?P<begun>[\d.]+) s: (?P<ms>[\d.]+) ms")  # the model's --requests lines
+UNUSED_LINE = re.compile(r"second (?P<second>\d+): offered (?P<offered>\d+) B, unused (?P<unused>\d+) B")  # --unused
 
 
 def request_times(model: str, profile: dict, offset: int, *extra: str, seconds: int = SECONDS) -> dict[float, float]:
@@ -138,6 +143,31 @@ def frontier(model: str, profile: dict, targets: list[int], offsets: tuple[int, 
     return rows
 
 
+def unused_by_second(model: str, profile: dict, offset: int, *extra: str,
+                     seconds: int = SECONDS) -> dict[int, tuple[int, int]]:
+    """Per second of the run: the downlink's bytes offered and those left unused (the model's --unused lines)."""
+    got = {}
+    for line in run_model(model, profile, offset, "--unused", *extra, seconds=seconds).stderr.splitlines():
+        match = UNUSED_LINE.fullmatch(line)
+        if match:
+            got[int(match["second"])] = (int(match["offered"]), int(match["unused"]))
+    return got
+
+
+def most_unused(model: str, profile: dict, target: int, count: int, offset: int = 0,
+                seconds: int = SECONDS) -> list[dict]:
+    """The `count` seconds in which the law left the most bytes unused beyond what the oracle left, in
+    time order: each with what the trace offered (Mbit/s) and the share of it the law, the oracle and
+    end-to-end CUBIC left unused."""
+    runs = {sender: unused_by_second(model, profile, offset, *sender_args(sender, target), seconds=seconds)
+            for sender in ("law", "oracle", "cubic")}
+    offered = {second: both[0] for second, both in runs["law"].items()}
+    worst = sorted((s for s in offered if offered[s]),
+                   key=lambda s: runs["oracle"][s][1] - runs["law"][s][1])[:count]
+    return [{"second": s, "offered_mbps": offered[s] * 8 / 1e6,
+             **{sender: got[s][1] / offered[s] for sender, got in runs.items()}} for s in sorted(worst)]
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="frontier", description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="3g-trace",
@@ -151,6 +181,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--slowest", type=int, default=0, metavar="N",
                     help="then the law's N slowest requests on the first start, at the first target, beside the "
                          "oracle's and the idle link's")
+    ap.add_argument("--unused", type=int, default=0, metavar="N",
+                    help="then the N seconds of that run in which the law left the most of the link unused beyond "
+                         "what the oracle left, beside the oracle's and CUBIC's")
     args = ap.parse_args(argv)
     known = profiles.load()
     try:
@@ -180,9 +213,10 @@ def main(argv: list[str]) -> int:
         print(f"frontier: --seconds {args.seconds}: a run needs 5 s at least (its page starts {PAGE_AT_S} s in)",
               file=sys.stderr)
         return 2
-    if args.slowest < 0:
-        print(f"frontier: --slowest {args.slowest}: give how many requests to list (0: none)", file=sys.stderr)
-        return 2
+    for flag, count, what in (("--slowest", args.slowest, "requests"), ("--unused", args.unused, "seconds")):
+        if count < 0:
+            print(f"frontier: {flag} {count}: give how many {what} to list (0: none)", file=sys.stderr)
+            return 2
     if not os.access(args.model, os.X_OK):
         print(f"frontier: --model {args.model}: no such program; build it: make -C congestion model",
               file=sys.stderr)
@@ -209,6 +243,13 @@ def main(argv: list[str]) -> int:
         for r in slowest(args.model, profile, targets[0], args.slowest, starts[0], args.seconds):
             print(f"{r['begun_s']:>8.1f} " + " ".join(f"{r[s]:>6.0f}" if r[s] is not None else f"{'-':>6}"
                                                        for s in ("law", "oracle", "idle")))
+    if args.unused:
+        print(f"\nthe {args.unused} seconds the law left most unused beyond the oracle at {targets[0]} ms, "
+              f"{starts[0]} s in (share of what the trace offered):")
+        print(f"{'second':>6} {'offered Mbit/s':>14} {'law':>5} {'oracle':>6} {'cubic':>5}")
+        for r in most_unused(args.model, profile, targets[0], args.unused, starts[0], args.seconds):
+            print(f"{r['second']:>6} {r['offered_mbps']:>14.2f} {r['law']:>5.2f} {r['oracle']:>6.2f} "
+                  f"{r['cubic']:>5.2f}")
     return 0
 
 

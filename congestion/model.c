@@ -51,6 +51,9 @@
  *     --series       print a line per 100 ms: time, queue delay, window, rate, and what
  *                    the first download has delivered so far
  *     --requests     print a line per request on stderr: when it began, how long it took
+ *     --unused       print a line per second on stderr: the downlink's bytes offered in it,
+ *                    and those that went unused (nothing waited when they came); then a
+ *                    line of all it offered, and carried (offered = unused + carried)
  *     --page S       a page load S seconds in (bench responsiveness: 3)
  *     --sender cubic end-to-end CUBIC instead of pep_radio
  *     --sender oracle  the law's window from the link's true capacity one RTT ago
@@ -95,11 +98,27 @@ struct link {
 	__u64 rng;
 	__u64 jitter_us;     /* +- on every frame's delay; frames stay in order */
 	__u64 last_at;
+	__u64 *unused;       /* --unused: bytes of opportunity that found nothing waiting, per second */
+	size_t unused_from;  /* ... counted for the opportunities before this one */
+	__u64 unused_end;    /* ... up to the run's end */
+	__u64 carried;       /* ... and the bytes of frames that opportunities before the end carried */
 };
 
 static __u64 opp_time(const struct link *l, size_t i)
 {
 	return (i / l->n) * l->period_us + (__u64)l->opp[i % l->n] * 1000;
+}
+
+/* --unused: opportunity idx passed with `left` of its bytes taken by nothing. A frame the limit
+ * drops passes the same opportunities again: each counts once. */
+static void count_unused(struct link *l, size_t idx, __u32 left)
+{
+	__u64 t = opp_time(l, idx);
+
+	if (!l->unused || idx < l->unused_from || t >= l->unused_end)
+		return;
+	l->unused[t / 1000000] += left;
+	l->unused_from = idx + 1;
 }
 
 /* The link's one-way delay for a frame delivered at t: --delay-step's once it has come. */
@@ -159,14 +178,17 @@ static __u64 link_send(struct link *l, __u64 now, __u32 bytes)
 	size_t idx = l->idx;
 	__u32 used = l->used;
 	__u32 left = bytes;
+	__u64 carried = 0;                 /* --unused: of its bytes, those in opportunities before the end */
 
 	while (opp_time(l, idx) < now) {   /* passed with nothing waiting: lost */
+		count_unused(l, idx, OPP_BYTES - used);
 		idx++;
 		used = 0;
 	}
 	for (;;) {
 		__u32 room = OPP_BYTES - used;
 
+		carried += opp_time(l, idx) < l->unused_end ? (left < room ? left : room) : 0;
 		if (left <= room) {
 			used += left;
 			break;
@@ -179,6 +201,7 @@ static __u64 link_send(struct link *l, __u64 now, __u32 bytes)
 		l->drops++;
 		return 0;
 	}
+	l->carried += carried;
 	l->idx = idx;
 	l->used = used;
 	if (l->loss_ppm) {
@@ -339,6 +362,7 @@ static double ts_wrap_s = -1;          /* --ts-wrap S: the client's timestamps w
 static double ts_hz = 1000;            /* --ts-hz HZ: the client's timestamp clock (RFC 7323: 1 Hz to 1 kHz) */
 static int sender_cubic;               /* --sender cubic */
 static int print_requests;             /* --requests */
+static int print_unused;               /* --unused */
 static int sender_oracle;              /* --sender oracle */
 static __u64 path_rtt_us;              /* the path's round trip with no queue: both delays */
 static __u32 page_pkts[PAGE_OBJECTS];  /* the page's objects in packets, in the order they are asked for */
@@ -813,6 +837,8 @@ int main(int argc, char **argv)
 			bulk_at_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--requests"))
 			print_requests = 1;
+		else if (!strcmp(argv[i], "--unused"))
+			print_unused = 1;
 		else if (!strcmp(argv[i], "--page") && i + 1 < argc)
 			page_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--sender") && i + 1 < argc && !strcmp(argv[i + 1], "cubic") && ++i)
@@ -828,7 +854,7 @@ int main(int argc, char **argv)
 	}
 	if (npaths != 2 || nbulk < 1 || nbulk > MAX_BULK) {
 		fprintf(stderr, "usage: model [--seconds S] [--delay MS] [--limit MS] [--target MS] [--flows N] "
-			"[--offset S] [--loss P] [--jitter MS] [--no-timestamps] [--ts-wrap S] [--ts-hz HZ] [--delay-step S:MS] [--idle] [--series] [--requests] [--page S] [--join S] [--bulk-at S] [--leave S] [--sender cubic|oracle] "
+			"[--offset S] [--loss P] [--jitter MS] [--no-timestamps] [--ts-wrap S] [--ts-hz HZ] [--delay-step S:MS] [--idle] [--series] [--requests] [--unused] [--page S] [--join S] [--bulk-at S] [--leave S] [--sender cubic|oracle] "
 			"DOWN_TRACE UP_TRACE\n");
 		return 2;
 	}
@@ -863,6 +889,10 @@ int main(int argc, char **argv)
 	up.rng = 2;                        /* the uplink's jitter draws its own numbers */
 	down.jitter_us = up.jitter_us = (__u64)(jitter_ms * 1000);
 	end = end_us = (__u64)(seconds * 1e6);
+	if (print_unused) {
+		down.unused = calloc((size_t)seconds + 1, sizeof(*down.unused));
+		down.unused_end = end;
+	}
 
 	for (i = 0; !idle && i < nbulk; i++) {
 		bulk[i] = new_flow(1, 0, 0);
@@ -980,6 +1010,22 @@ int main(int argc, char **argv)
 	}
 	for (k = 0; k < down.n * 4 && opp_time(&down, k) < end; k++)
 		offered += OPP_BYTES;
+	if (print_unused) {
+		/* What no frame came for after the last one sent: the rest of its opportunity, and all after. */
+		count_unused(&down, down.idx, OPP_BYTES - down.used);
+		for (k = down.idx + 1; opp_time(&down, k) < end; k++)
+			count_unused(&down, k, OPP_BYTES);
+		for (i = 0; (double)i < seconds; i++) {
+			__u64 offered_s = 0;
+
+			for (k = 0; opp_time(&down, k) < (__u64)(i + 1) * 1000000; k++)
+				offered_s += opp_time(&down, k) >= (__u64)i * 1000000 ? OPP_BYTES : 0;
+			fprintf(stderr, "second %d: offered %llu B, unused %llu B\n", i, (unsigned long long)offered_s,
+				(unsigned long long)down.unused[i]);
+		}
+		fprintf(stderr, "in all: offered %llu B, carried %llu B\n", (unsigned long long)offered,
+			(unsigned long long)down.carried);
+	}
 	qsort(req_ms, nreq, sizeof(double), cmp_double);
 	qsort(qwait, nq, sizeof(double), cmp_double);
 	{

@@ -515,6 +515,72 @@ def test_frontier_names_the_law_s_slowest_requests(model, capsys):
     assert "--slowest -1" in capsys.readouterr().err
 
 
+def unused_run(model: str, down: str, up: str, *args: str) -> tuple[dict, list, re.Match | None]:
+    """The model's JSON, its --unused lines of each second and its line of the whole run."""
+    proc = subprocess.run([model, "--seconds", "10", "--page", "3", "--unused", *args, down, up],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = [m for m in map(frontier.UNUSED_LINE.fullmatch, proc.stderr.splitlines()) if m]
+    assert [int(m["second"]) for m in lines] == list(range(10)), f"{args}: {proc.stderr}"
+    return json.loads(proc.stdout), lines, re.search(r"^in all: offered (\d+) B, carried (\d+) B$", proc.stderr, re.M)
+
+
+def test_model_counts_the_capacity_left_unused(model, tmp_path):
+    """--unused: a line per second of what the downlink offered and what found nothing waiting. The
+    seconds' offers add up to the JSON's, and what went unused and what the frames took of it to all it
+    offered. The idle link, with the requests and the page alone, leaves
+    most of it unused; a download uses at least its goodput more, and no more than that with its
+    headers (and CUBIC's retransmissions of what the buffer dropped). On a steady link, CUBIC (which
+    fills the buffer) and the law leave little unused after the first second."""
+    down, up = write_trace(tmp_path / "down", constant(10, 30)), write_trace(tmp_path / "up", constant(5, 30))
+    used = {}
+    for name, sender, most_unused_share in (("idle", ("--idle",), 1.0), ("cubic", ("--sender", "cubic"), 0.02),
+                                             ("law", (), 0.2)):
+        got, lines, total = unused_run(model, down, up, *sender)
+        offered, unused = sum(int(m["offered"]) for m in lines), sum(int(m["unused"]) for m in lines)
+        assert abs(offered * 8 / 10 / 1e6 - got["offered_mbps"]) < 0.01, (name, offered, got)
+        assert total and int(total[1]) == offered and int(total[2]) == offered - unused, \
+            f"{name}: every byte offered is carried or unused, once: {offered} offered, {unused} unused, {total}"
+        used[name] = (offered - unused) * 8 / 10 / 1e6
+        late = [int(m["unused"]) / int(m["offered"]) for m in lines[1:]]
+        if name == "idle":
+            quiet = late[:2] + late[3:]            # (the page loads in the fourth second)
+            assert min(quiet) >= 0.95, f"idle: the requests alone leave almost all of the link unused: {late}"
+            continue
+        by_download = used[name] - used["idle"]
+        assert got["goodput_mbps"] <= by_download <= got["goodput_mbps"] * 1514 / 1448 * 1.1, \
+            f"{name}: used {used[name]:.2f} Mbit/s, the idle link {used['idle']:.2f}, goodput {got['goodput_mbps']}"
+        assert max(late) <= most_unused_share, f"{name}: a steady 10 Mbit/s link, unused shares {late}"
+    # An outage longer than the buffer: frames sent into it are dropped, and each drop passes the same
+    # unused opportunities again; they still count once.
+    gap = [t for t in constant(10, 30) if not 4000 <= t < 6000]
+    got, lines, total = unused_run(model, write_trace(tmp_path / "gap", gap), up, "--limit", "300")
+    unused = sum(int(m["unused"]) for m in lines)
+    assert got["drops_down"] and total and int(total[2]) == int(total[1]) - unused, (got, total, unused)
+
+
+def test_frontier_names_the_seconds_the_law_left_most_unused(model, capsys):
+    """--unused N lists, in time order, the N seconds in which the law left the most of the link unused
+    beyond what the oracle left: no second left out had a larger excess."""
+    profile = profiles.load()["3g-trace"]
+    rows = frontier.most_unused(model, profile, 30, 4, 0, 20)
+    assert [r["second"] for r in rows] == sorted(r["second"] for r in rows) and len(rows) == 4, rows
+    runs = {s: frontier.unused_by_second(model, profile, 0, *frontier.sender_args(s, 30), seconds=20)
+            for s in ("law", "oracle")}
+    excess = {s: (runs["law"][s][1] - runs["oracle"][s][1]) / o for s, (o, _) in runs["law"].items() if o}
+    listed = {r["second"] for r in rows}
+    assert min(excess[s] for s in listed) >= max(excess[s] for s in excess if s not in listed), (rows, excess)
+    for r in rows:
+        assert r["law"] > r["oracle"] and 0 <= r["cubic"] <= 1 and r["offered_mbps"] > 0, r
+    assert frontier.main(["--targets", "30", "--starts", "0", "--seconds", "20", "--unused", "4",
+                          "--model", model]) == 0
+    out = capsys.readouterr().out
+    assert "the 4 seconds the law left most unused beyond the oracle at 30 ms, 0 s in" in out and \
+        all(f"{r['second']:>6} {r['offered_mbps']:>14.2f} {r['law']:>5.2f}" in out for r in rows), out
+    assert frontier.main(["--unused", "-1", "--model", model]) == 2
+    assert "--unused -1" in capsys.readouterr().err
+
+
 def test_frontier_names_the_trace_profiles_for_another(model, capsys):
     assert frontier.main(["--profile", "lte", "--model", model]) == 2
     err = capsys.readouterr().err
