@@ -43,6 +43,9 @@
  *     window, in startup (radio_after_outage).
  *   - When the rate falls at once, it falls by at most half per window, so
  *     a window that spanned a lull in delivery cannot collapse it.
+ *   - On a slow link, saturation is judged against four frames' time at the
+ *     rate when that is longer than the target: a frame's own wait for the
+ *     link is not a queue (radio_judged_target).
  *   - Control windows and pauses run on the subscriber's time: an ACK counts
  *     when the subscriber sent it (its timestamp tells), not when the uplink's
  *     grants let it through (radio_uplink_hold).
@@ -67,6 +70,9 @@
 #define RADIO_DRIFT_PPM 200                /* the most a peer's clock drifts from ours (radio_drifting_base) */
 #define RADIO_OUTAGE_CUT 2                 /* an outage leaves the window this many times smaller */
 #define RADIO_RESUME_PROBE 2               /* packets a flow may send past its flight when the link resumes */
+#define RADIO_JUDGE_PACKETS 4              /* saturation is judged against the target or this many frames' */
+#define RADIO_JUDGE_MAX_US 100000          /* ... time at the rate, but no more than this (radio_judged_target) */
+#define RADIO_FRAME_BYTES 1500
 
 /* The standing queue: the window's least RTT above the minimum RTT. */
 static inline __u32 radio_qdelay(__u32 rtt_us, __u32 min_rtt_us)
@@ -98,6 +104,22 @@ static inline __u64 radio_delivery_rate(__u64 delivered, __u64 elapsed_us)
 	return elapsed_us ? delivered * RADIO_USEC / elapsed_us : 0;
 }
 
+/* The queue that tells a saturated link from one with room, at the rate: the target, or
+ * RADIO_JUDGE_PACKETS frames' time at the rate when that is longer (at most RADIO_JUDGE_MAX_US). On a
+ * slow link a frame or two of the link's own wait (a grant's, its jitter with frames kept in order)
+ * is longer than half the target: at 0.5 Mbit/s one frame is 24 ms. Judged against the target alone,
+ * that wait read as saturation at a fade's end, and the window held while the capacity tripled (the
+ * model, 3g-trace at 20 s: 14-22 ms read where the link's true wait was 1-7). The window still holds
+ * the target (radio_next_window): only the judgment moves. */
+static inline __u32 radio_judged_target(__u32 target_us, __u64 rate)
+{
+	__u64 frames = rate ? RADIO_JUDGE_PACKETS * RADIO_FRAME_BYTES * RADIO_USEC / rate : 0;
+
+	if (frames > RADIO_JUDGE_MAX_US)
+		frames = RADIO_JUDGE_MAX_US;
+	return frames > target_us ? (__u32)frames : target_us;
+}
+
 /* The subscriber's next window (bytes in flight for all its flows together)
  * and smoothed delivery rate, at the end of a control window.
  *   - Queue at or above half the target: the link is saturated, so what it
@@ -122,10 +144,13 @@ static inline __u64 radio_delivery_rate(__u64 delivered, __u64 elapsed_us)
  *     queue it makes shows a round trip late.
  *   - Otherwise (no flow used it, or a receiver held it back): keep both.
  * path: the round trip without our queue (the minimum RTT, and what the uplink's
- * grants add to it now). Returns the window; *rate and *startup are updated in place. */
+ * grants add to it now). queue_us: the target, the queue the window holds; "the target" above, in
+ * the judgments, is radio_judged_target's. Returns the window; *rate and *startup are updated in
+ * place. */
 static inline __u64 radio_next_window(__u64 window, __u64 *rate, __u8 *startup, __u64 measured,
-				      __u32 path_us, __u32 qdelay_us, __u32 target_us, __u32 full)
+				      __u32 path_us, __u32 qdelay_us, __u32 queue_us, __u32 full)
 {
+	__u32 target_us = radio_judged_target(queue_us, *rate);
 	__u64 next = window;
 
 	if (qdelay_us * 2 >= target_us) {
@@ -136,7 +161,7 @@ static inline __u64 radio_next_window(__u64 window, __u64 *rate, __u8 *startup, 
 			*rate = measured > *rate / 2 ? measured : *rate / 2;
 		else
 			*rate = (*rate + measured) / 2;
-		next = *rate * (path_us + target_us) / RADIO_USEC;
+		next = *rate * (path_us + queue_us) / RADIO_USEC;
 		/* At or under the target, and the flows used all of it: probe, four packets a window. A
 		 * link's own jitter (grants, the radio's retransmissions) reads as a queue of 10-20 ms
 		 * that is not there; near half the target it holds the window where it is, at a rate
