@@ -795,7 +795,7 @@ int main(int argc, char **argv)
 	struct flow *bulk[MAX_BULK];
 	double *qwait = NULL;
 	size_t nq = 0, qcap = 0;
-	__u64 end, offered = 0;
+	__u64 end, offered = 0, *offered_by_s = NULL;   /* (per second: --unused) */
 	double rate_sum = 0;
 	size_t rate_n = 0;
 	size_t k;
@@ -892,6 +892,7 @@ int main(int argc, char **argv)
 	if (print_unused) {
 		down.unused = calloc((size_t)seconds + 1, sizeof(*down.unused));
 		down.unused_end = end;
+		offered_by_s = calloc((size_t)seconds + 1, sizeof(*offered_by_s));
 	}
 
 	for (i = 0; !idle && i < nbulk; i++) {
@@ -1008,21 +1009,19 @@ int main(int argc, char **argv)
 			break;
 		}
 	}
-	for (k = 0; k < down.n * 4 && opp_time(&down, k) < end; k++)
+	for (k = 0; k < down.n * 4 && opp_time(&down, k) < end; k++) {
 		offered += OPP_BYTES;
+		if (offered_by_s)
+			offered_by_s[opp_time(&down, k) / 1000000] += OPP_BYTES;
+	}
 	if (print_unused) {
 		/* What no frame came for after the last one sent: the rest of its opportunity, and all after. */
 		count_unused(&down, down.idx, OPP_BYTES - down.used);
 		for (k = down.idx + 1; opp_time(&down, k) < end; k++)
 			count_unused(&down, k, OPP_BYTES);
-		for (i = 0; (double)i < seconds; i++) {
-			__u64 offered_s = 0;
-
-			for (k = 0; opp_time(&down, k) < (__u64)(i + 1) * 1000000; k++)
-				offered_s += opp_time(&down, k) >= (__u64)i * 1000000 ? OPP_BYTES : 0;
-			fprintf(stderr, "second %d: offered %llu B, unused %llu B\n", i, (unsigned long long)offered_s,
-				(unsigned long long)down.unused[i]);
-		}
+		for (i = 0; (double)i < seconds; i++)
+			fprintf(stderr, "second %d: offered %llu B, unused %llu B\n", i,
+				(unsigned long long)offered_by_s[i], (unsigned long long)down.unused[i]);
 		fprintf(stderr, "in all: offered %llu B, carried %llu B\n", (unsigned long long)offered,
 			(unsigned long long)down.carried);
 	}

@@ -70,7 +70,7 @@
 #define RADIO_DRIFT_PPM 200                /* the most a peer's clock drifts from ours (radio_drifting_base) */
 #define RADIO_OUTAGE_CUT 2                 /* an outage leaves the window this many times smaller */
 #define RADIO_RESUME_PROBE 2               /* packets a flow may send past its flight when the link resumes */
-#define RADIO_JUDGE_PACKETS 4              /* saturation is judged against the target or this many frames' */
+#define RADIO_JUDGE_FRAMES 4               /* saturation is judged against the target or this many frames' */
 #define RADIO_JUDGE_MAX_US 100000          /* ... time at the rate, but no more than this (radio_judged_target) */
 #define RADIO_FRAME_BYTES 1500
 
@@ -105,7 +105,7 @@ static inline __u64 radio_delivery_rate(__u64 delivered, __u64 elapsed_us)
 }
 
 /* The queue that tells a saturated link from one with room, at the rate: the target, or
- * RADIO_JUDGE_PACKETS frames' time at the rate when that is longer (at most RADIO_JUDGE_MAX_US). On a
+ * RADIO_JUDGE_FRAMES frames' time at the rate when that is longer (at most RADIO_JUDGE_MAX_US). On a
  * slow link a frame or two of the link's own wait (a grant's, its jitter with frames kept in order)
  * is longer than half the target: at 0.5 Mbit/s one frame is 24 ms. Judged against the target alone,
  * that wait read as saturation at a fade's end, and the window held while the capacity tripled (the
@@ -113,7 +113,7 @@ static inline __u64 radio_delivery_rate(__u64 delivered, __u64 elapsed_us)
  * the target (radio_next_window): only the judgment moves. */
 static inline __u32 radio_judged_target(__u32 target_us, __u64 rate)
 {
-	__u64 frames = rate ? RADIO_JUDGE_PACKETS * RADIO_FRAME_BYTES * RADIO_USEC / rate : 0;
+	__u64 frames = rate ? RADIO_JUDGE_FRAMES * RADIO_FRAME_BYTES * RADIO_USEC / rate : 0;
 
 	if (frames > RADIO_JUDGE_MAX_US)
 		frames = RADIO_JUDGE_MAX_US;
