@@ -1,7 +1,7 @@
 """How close pep_radio's law is to the best a sender at the PEP could do, on a trace profile.
 
     python3 -m congestion.frontier [--profile 3g-trace|trace:PATH] [--targets 20,30,50,80] [--model PATH]
-                                   [--starts 0,15,30,45] [--seconds 45] [--slowest N] [--unused N]
+                                   [--starts 0,15,30,45] [--seconds 45] [--split] [--slowest N] [--unused N]
 
 Runs the model (congestion/model.c, built by `make -C congestion model`) on the profile's link
 (linkem/profiles.toml: its traces, delays, jitter and buffer) as `bench responsiveness` loads it: a
@@ -16,10 +16,13 @@ the two bars of issue 24 (bench/responsiveness.py has them), and the p95 of the 
 delay (sampled every 10 ms, thousands of samples where the requests are a few hundred: steadier,
 for comparing laws whose request p95 lies within a run's spread); a last row gives CUBIC's own.
 The oracle's row is the frontier: a target where even it misses a bar is a pair of bars no law at the
-PEP meets on that trace (in the model). `--slowest N` then names the moments: the N requests the law
-took longest over on the first start, at the first target, each beside what the oracle and the idle
-link took for the request begun at the same moment (every run begins its requests on one clock), so
-that a p95 the law loses to the oracle can be read with the model's `--series` where it is lost.
+PEP meets on that trace (in the model). `--split` adds two rows a target: the law told the link's rises
+(its flows' shares from the oracle's window where that is larger) and the law told its falls (where it
+is smaller), which split the oracle's lead into what knowing each is worth. `--slowest N` then names
+the moments: the N requests the law took longest over on the first start, at the first target, each
+beside what the oracle and the idle link took for the request begun at the same moment (every run
+begins its requests on one clock), so that a p95 the law loses to the oracle can be read with the
+model's `--series` where it is lost.
 `--unused N` does the same for goodput: the N seconds of that run in which the law left the most of
 the link's capacity unused beyond what the oracle left, each beside the capacity the trace offered
 then and what the oracle and CUBIC left (the model's `--unused`).
@@ -42,6 +45,8 @@ MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model")
 OFFSETS_S = (0, 15, 30, 45)   # four starts into the trace: one start's figures swing with its luck
 SECONDS = 45                  # bench responsiveness's run on 3G, whose page needs it
 PAGE_AT_S = 3
+SENDERS = ("law", "oracle")
+SPLIT = ("law+rises", "law+falls")   # the law told the oracle's window where it is larger, or smaller
 
 
 def model_argv(model: str, profile: dict, offset: int, *extra: str, seconds: int = SECONDS) -> list[str]:
@@ -109,7 +114,7 @@ class NothingToCompare(Exception):
 
 
 def frontier(model: str, profile: dict, targets: list[int], offsets: tuple[int, ...] = OFFSETS_S,
-             seconds: int = SECONDS) -> list[dict]:
+             seconds: int = SECONDS, senders: tuple[str, ...] = SENDERS) -> list[dict]:
     """Per sender and target: mean goodput over CUBIC's and request p95 over the floor's (ms), over the
     starts where CUBIC delivered something (a recording may hold minutes of a dead link: a start inside
     them has no ratio). Every row names those starts."""
@@ -122,7 +127,7 @@ def frontier(model: str, profile: dict, targets: list[int], offsets: tuple[int, 
         raise NothingToCompare(f"end-to-end CUBIC delivered nothing in any start ({', '.join(map(str, offsets))} s "
                                f"into the trace, {seconds} s each): the link is down there; nothing to compare")
     rows = []
-    for sender in ("law", "oracle"):
+    for sender in senders:
         for target in targets:
             extra = sender_args(sender, target)
             goodput = offered = p95 = queue = 0.0
@@ -181,6 +186,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--slowest", type=int, default=0, metavar="N",
                     help="then the law's N slowest requests on the first start, at the first target, beside the "
                          "oracle's and the idle link's")
+    ap.add_argument("--split", action="store_true",
+                    help="also the law told the link's rises (the oracle's window where it is larger) and its "
+                         "falls (where it is smaller): how much of the oracle's lead each is worth")
     ap.add_argument("--unused", type=int, default=0, metavar="N",
                     help="then the N seconds of that run in which the law left the most of the link unused beyond "
                          "what the oracle left, beside the oracle's and CUBIC's")
@@ -222,7 +230,7 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     try:
-        rows = frontier(args.model, profile, targets, offsets, args.seconds)
+        rows = frontier(args.model, profile, targets, offsets, args.seconds, SENDERS + SPLIT if args.split else SENDERS)
     except NothingToCompare as e:
         print(f"frontier: --profile {args.profile}: {e}", file=sys.stderr)
         return 2
@@ -231,11 +239,11 @@ def main(argv: list[str]) -> int:
     print(f"{args.profile}: mean of {len(starts)} start{'s' if len(starts) > 1 else ''} "
           f"({', '.join(map(str, starts))} s in), {args.seconds} s each" +
           (f" (at {', '.join(map(str, left_out))} s in, CUBIC delivered nothing: left out)" if left_out else ""))
-    print(f"{'sender':8} {'target ms':>9} {'goodput / CUBIC':>15} {'of offered':>10} {'p95 over idle ms':>16} "
+    print(f"{'sender':9} {'target ms':>9} {'goodput / CUBIC':>15} {'of offered':>10} {'p95 over idle ms':>16} "
           f"{'queue p95 ms':>12}")
     for r in rows:
         target = r["target_ms"] or "-"
-        print(f"{r['sender']:8} {target:>9} {r['goodput_over_cubic']:>15.2f} {r['of_offered']:>10.2f} "
+        print(f"{r['sender']:9} {target:>9} {r['goodput_over_cubic']:>15.2f} {r['of_offered']:>10.2f} "
               f"{r['p95_over_idle_ms']:>+16.0f} {r['queue_p95_ms']:>12.0f}")
     if args.slowest:
         print(f"\nthe law's {args.slowest} slowest requests at {targets[0]} ms, {starts[0]} s in (ms; -: not ended):")

@@ -57,6 +57,8 @@
  *     --page S       a page load S seconds in (bench responsiveness: 3)
  *     --sender cubic end-to-end CUBIC instead of pep_radio
  *     --sender oracle  the law's window from the link's true capacity one RTT ago
+ *     --sender law+rises, law+falls  the law, its flows' shares from the oracle's window
+ *                    where that is larger (or smaller): what knowing rises (or falls) is worth
  * Prints one JSON object: goodput (Mbit/s, and per bulk flow), what the trace
  * offered over the same time, request percentiles (ms), the link queue's
  * delay percentiles, outages the law saw, its control windows, and its mean
@@ -363,7 +365,10 @@ static double ts_hz = 1000;            /* --ts-hz HZ: the client's timestamp clo
 static int sender_cubic;               /* --sender cubic */
 static int print_requests;             /* --requests */
 static int print_unused;               /* --unused */
-static int sender_oracle;              /* --sender oracle */
+static int sender_oracle;              /* --sender oracle, law+rises, law+falls: ORACLE_* */
+#define ORACLE_ALL 1                   /* the window from the link's true capacity, always */
+#define ORACLE_RISES 2                 /* the law's window, or the oracle's where that is larger */
+#define ORACLE_FALLS 3                 /* the law's window, or the oracle's where that is smaller */
 static __u64 path_rtt_us;              /* the path's round trip with no queue: both delays */
 static __u32 page_pkts[PAGE_OBJECTS];  /* the page's objects in packets, in the order they are asked for */
 static size_t page_next, page_left;
@@ -502,24 +507,46 @@ static __u64 opportunities_before(const struct link *l, size_t *seen, __u64 t)
 	return *seen;
 }
 
-/* --sender oracle: the subscriber's window and rate from the downlink's true capacity over the
- * ORACLE_AVG_US that ended one round trip ago, and the flow's share of it as the law shares. */
+/* The oracle's window: from the downlink's true capacity over the ORACLE_AVG_US that ended one round
+ * trip ago, times the path's RTT plus the target (0: no such time yet). *rate is that capacity. */
 #define ORACLE_AVG_US 100000ULL
-static void oracle_share(struct flow *f, __u64 now, struct radio_out *o)
+static __u64 oracle_window(__u64 now, __u64 *rate)
 {
 	static size_t seen_from, seen_to;
 	__u64 to = now > path_rtt_us ? now - path_rtt_us : 0;
 	__u64 from = to > ORACLE_AVG_US ? to - ORACLE_AVG_US : 0;
+	__u64 window;
 
 	if (to <= from)
+		return 0;
+	*rate = (opportunities_before(&down, &seen_to, to) - opportunities_before(&down, &seen_from, from)) *
+		OPP_BYTES * 1000000 / (to - from);
+	window = *rate * (path_rtt_us + target_us) / 1000000;
+	return window < RADIO_WINDOW_MIN_BYTES ? RADIO_WINDOW_MIN_BYTES : window;
+}
+
+/* --sender oracle: the subscriber's window and rate are the oracle's, and the flow's share of it is
+ * as the law shares. --sender law+rises and law+falls: the law runs as it does, and only the flow's
+ * share is taken from the oracle's window where that is larger (the link rose: what knowing a rise at
+ * once would give) or smaller (it fell); the law's startup and drains stand. They split the oracle's
+ * lead over the law into what its knowledge of rises and of falls is worth. */
+static void oracle_share(struct flow *f, __u64 now, struct radio_out *o)
+{
+	__u64 rate = 0, window = oracle_window(now, &rate);
+	struct radio_sub told = sub;
+
+	if (!window)
 		return;
-	sub.rate = (opportunities_before(&down, &seen_to, to) - opportunities_before(&down, &seen_from, from)) *
-		   OPP_BYTES * 1000000 / (to - from);
-	sub.window = sub.rate * (path_rtt_us + target_us) / 1000000;
-	if (sub.window < RADIO_WINDOW_MIN_BYTES)
-		sub.window = RADIO_WINDOW_MIN_BYTES;
-	sub.draining = 0;
-	radio_share(&sub, (__u32)path_rtt_us, MSS, 0, &f->rf, o);
+	if (sender_oracle == ORACLE_ALL) {
+		sub.rate = rate;
+		sub.window = window;
+		sub.draining = 0;
+		radio_share(&sub, (__u32)path_rtt_us, MSS, 0, &f->rf, o);
+	} else if (!sub.startup && !sub.draining &&
+		   (sender_oracle == ORACLE_RISES ? window > sub.window : window < sub.window)) {
+		told.window = window;
+		radio_share(&told, (__u32)path_rtt_us, MSS, 0, &f->rf, o);
+	}
 }
 
 static void apply(struct flow *f, __u64 now, struct radio_out *o)
@@ -844,7 +871,11 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--sender") && i + 1 < argc && !strcmp(argv[i + 1], "cubic") && ++i)
 			sender_cubic = 1;
 		else if (!strcmp(argv[i], "--sender") && i + 1 < argc && !strcmp(argv[i + 1], "oracle") && ++i)
-			sender_oracle = 1;
+			sender_oracle = ORACLE_ALL;
+		else if (!strcmp(argv[i], "--sender") && i + 1 < argc && !strcmp(argv[i + 1], "law+rises") && ++i)
+			sender_oracle = ORACLE_RISES;
+		else if (!strcmp(argv[i], "--sender") && i + 1 < argc && !strcmp(argv[i + 1], "law+falls") && ++i)
+			sender_oracle = ORACLE_FALLS;
 		else if (argv[i][0] != '-' && npaths < 2)
 			paths[npaths++] = argv[i];
 		else {
@@ -854,7 +885,7 @@ int main(int argc, char **argv)
 	}
 	if (npaths != 2 || nbulk < 1 || nbulk > MAX_BULK) {
 		fprintf(stderr, "usage: model [--seconds S] [--delay MS] [--limit MS] [--target MS] [--flows N] "
-			"[--offset S] [--loss P] [--jitter MS] [--no-timestamps] [--ts-wrap S] [--ts-hz HZ] [--delay-step S:MS] [--idle] [--series] [--requests] [--unused] [--page S] [--join S] [--bulk-at S] [--leave S] [--sender cubic|oracle] "
+			"[--offset S] [--loss P] [--jitter MS] [--no-timestamps] [--ts-wrap S] [--ts-hz HZ] [--delay-step S:MS] [--idle] [--series] [--requests] [--unused] [--page S] [--join S] [--bulk-at S] [--leave S] [--sender cubic|oracle|law+rises|law+falls] "
 			"DOWN_TRACE UP_TRACE\n");
 		return 2;
 	}

@@ -86,6 +86,11 @@ def grants(mbit: float, every_ms: int, seconds: float = 30) -> list[int]:
     return ms
 
 
+
+def tenfold_swing(t: float, period_ms: float = 1000) -> float:
+    """A capacity (Mbit/s) at t ms between 2 and 20, a log-sinusoid of the period."""
+    return 2 * 10 ** (0.5 - 0.5 * math.cos(2 * math.pi * t / period_ms))
+
 def run(model: str, tmp_path, down: list[int], up: list[int], *args: str) -> dict:
     proc = subprocess.run([model, *args, write_trace(tmp_path / "down", down), write_trace(tmp_path / "up", up)],
                           capture_output=True, text=True, timeout=60)
@@ -122,9 +127,7 @@ def test_rate_estimate_not_inflated_by_bursty_delivery(model, tmp_path):
 
 def test_follows_capacity_swinging_tenfold(model, tmp_path):
     """Capacity between 2 and 20 Mbit/s (log-sinusoid, 2 s period): the link stays busy, the queue short."""
-    def swing(t: float) -> float:
-        return 2 * 10 ** (0.5 - 0.5 * math.cos(2 * math.pi * t / 2000))
-    got = run(model, tmp_path, rate_trace(swing, 30), constant(5))
+    got = run(model, tmp_path, rate_trace(lambda t: tenfold_swing(t, 2000), 30), constant(5))
     assert got["goodput_mbps"] >= 0.85 * got["offered_mbps"], \
         f"tenfold swing: goodput {got['goodput_mbps']} of {got['offered_mbps']} Mbit/s"
     assert got["wait_p95_ms"] <= 4 * TARGET_MS, f"tenfold swing: queue p95 {got['wait_p95_ms']} ms"
@@ -467,16 +470,28 @@ def test_the_oracle_follows_the_capacity_one_round_trip_late(model, tmp_path):
     assert late <= 1.5 * TARGET_MS, f"oracle, 10 -> 2 Mbit/s at 5 s: queue median {late} ms after 6 s"
     # A tenfold swing every second: the oracle knows the capacity the law must find, so its rate
     # is the link's own and it gets more of the link than the law does, at no longer a queue.
-    def swing(t: float) -> float:
-        return 2 * 10 ** (0.5 - 0.5 * math.cos(2 * math.pi * t / 1000))
-    law = run(model, tmp_path, rate_trace(swing, 30), constant(5))
-    oracle = run(model, tmp_path, rate_trace(swing, 30), constant(5), "--sender", "oracle")
+    law = run(model, tmp_path, rate_trace(tenfold_swing, 30), constant(5))
+    oracle = run(model, tmp_path, rate_trace(tenfold_swing, 30), constant(5), "--sender", "oracle")
     assert abs(oracle["rate_estimate_mbps"] / oracle["offered_mbps"] - 1) <= 0.05, \
         f"oracle, 1 s swing: its rate {oracle['rate_estimate_mbps']} Mbit/s, the link's {oracle['offered_mbps']}"
     assert oracle["goodput_mbps"] > law["goodput_mbps"] and oracle["wait_p95_ms"] <= law["wait_p95_ms"], \
         f"1 s swing: oracle {oracle['goodput_mbps']} Mbit/s at queue p95 {oracle['wait_p95_ms']} ms, " \
         f"law {law['goodput_mbps']} at {law['wait_p95_ms']}"
 
+
+
+def test_the_law_told_rises_or_falls_splits_the_oracle_s_lead(model, tmp_path):
+    """--sender law+rises and law+falls: the law, its flows' shares taken from the oracle's window
+    where that is larger (or smaller). On a swing of tenfold every second, knowing the rises gives
+    more of the link than the law gets, and knowing the falls a shorter queue."""
+    got = {sender: run(model, tmp_path, rate_trace(tenfold_swing, 30), constant(5),
+                       *(("--sender", sender) if sender != "law" else ()))
+           for sender in ("law", "law+rises", "law+falls")}
+    law, rises, falls = got["law"], got["law+rises"], got["law+falls"]
+    assert rises["goodput_mbps"] > 1.02 * law["goodput_mbps"], \
+        f"1 s swing: told the rises {rises['goodput_mbps']} Mbit/s, the law {law['goodput_mbps']}"
+    assert falls["wait_p95_ms"] < 0.8 * law["wait_p95_ms"], \
+        f"1 s swing: told the falls, queue p95 {falls['wait_p95_ms']} ms; the law {law['wait_p95_ms']} ms"
 
 def test_frontier_sets_the_law_against_the_oracle(model):
     """congestion/frontier.py runs both senders on a shipped trace profile, as bench responsiveness
@@ -507,6 +522,17 @@ def test_frontier_runs_the_lab_s_own_stretch(model, capsys):
         err = capsys.readouterr().err
         assert f"{bad[0]} {bad[1]}" in err, f"the error must name the option and its value: {err}"
 
+
+
+def test_frontier_splits_the_oracle_s_lead_on_request(model, capsys):
+    """--split adds the law told the rises and the law told the falls, at every target, between the
+    oracle's rows and CUBIC's."""
+    rows = frontier.frontier(model, profiles.load()["lte-trace"], [30], (0,), 20, frontier.SENDERS + frontier.SPLIT)
+    assert [r["sender"] for r in rows] == ["law", "oracle", "law+rises", "law+falls", "cubic"], rows
+    assert frontier.main(["--profile", "lte-trace", "--targets", "30", "--starts", "0", "--seconds", "20",
+                          "--split", "--model", model]) == 0
+    out = capsys.readouterr().out
+    assert all(any(line.split()[:2] == [sender, "30"] for line in out.splitlines()) for sender in frontier.SPLIT), out
 
 def test_frontier_names_the_law_s_slowest_requests(model, capsys):
     """--slowest N lists the N requests the law took longest over (the model's --requests lines, one
