@@ -533,7 +533,6 @@ static __u64 oracle_window(__u64 now, __u64 *rate)
 static void oracle_share(struct flow *f, __u64 now, struct radio_out *o)
 {
 	__u64 rate = 0, window = oracle_window(now, &rate);
-	struct radio_sub told = sub;
 
 	if (!window)
 		return;
@@ -544,9 +543,18 @@ static void oracle_share(struct flow *f, __u64 now, struct radio_out *o)
 		radio_share(&sub, (__u32)path_rtt_us, MSS, 0, &f->rf, o);
 	} else if (!sub.startup && !sub.draining &&
 		   (sender_oracle == ORACLE_RISES ? window > sub.window : window < sub.window)) {
+		struct radio_sub told = sub;   /* the law's own state stays as it is */
+
 		told.window = window;
 		radio_share(&told, (__u32)path_rtt_us, MSS, 0, &f->rf, o);
 	}
+}
+
+/* --sender NAME: its ORACLE_* mode, 0 for a name that is none of them. */
+static int oracle_mode(const char *name)
+{
+	return !strcmp(name, "oracle") ? ORACLE_ALL : !strcmp(name, "law+rises") ? ORACLE_RISES :
+	       !strcmp(name, "law+falls") ? ORACLE_FALLS : 0;
 }
 
 static void apply(struct flow *f, __u64 now, struct radio_out *o)
@@ -870,12 +878,8 @@ int main(int argc, char **argv)
 			page_s = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--sender") && i + 1 < argc && !strcmp(argv[i + 1], "cubic") && ++i)
 			sender_cubic = 1;
-		else if (!strcmp(argv[i], "--sender") && i + 1 < argc && !strcmp(argv[i + 1], "oracle") && ++i)
-			sender_oracle = ORACLE_ALL;
-		else if (!strcmp(argv[i], "--sender") && i + 1 < argc && !strcmp(argv[i + 1], "law+rises") && ++i)
-			sender_oracle = ORACLE_RISES;
-		else if (!strcmp(argv[i], "--sender") && i + 1 < argc && !strcmp(argv[i + 1], "law+falls") && ++i)
-			sender_oracle = ORACLE_FALLS;
+		else if (!strcmp(argv[i], "--sender") && i + 1 < argc && oracle_mode(argv[i + 1]) && ++i)
+			sender_oracle = oracle_mode(argv[i]);
 		else if (argv[i][0] != '-' && npaths < 2)
 			paths[npaths++] = argv[i];
 		else {

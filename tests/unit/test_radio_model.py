@@ -86,10 +86,10 @@ def grants(mbit: float, every_ms: int, seconds: float = 30) -> list[int]:
     return ms
 
 
-
 def tenfold_swing(t: float, period_ms: float = 1000) -> float:
     """A capacity (Mbit/s) at t ms between 2 and 20, a log-sinusoid of the period."""
     return 2 * 10 ** (0.5 - 0.5 * math.cos(2 * math.pi * t / period_ms))
+
 
 def run(model: str, tmp_path, down: list[int], up: list[int], *args: str) -> dict:
     proc = subprocess.run([model, *args, write_trace(tmp_path / "down", down), write_trace(tmp_path / "up", up)],
@@ -479,7 +479,6 @@ def test_the_oracle_follows_the_capacity_one_round_trip_late(model, tmp_path):
         f"law {law['goodput_mbps']} at {law['wait_p95_ms']}"
 
 
-
 def test_the_law_told_rises_or_falls_splits_the_oracle_s_lead(model, tmp_path):
     """--sender law+rises and law+falls: the law, its flows' shares taken from the oracle's window
     where that is larger (or smaller). On a swing of tenfold every second, knowing the rises gives
@@ -492,6 +491,7 @@ def test_the_law_told_rises_or_falls_splits_the_oracle_s_lead(model, tmp_path):
         f"1 s swing: told the rises {rises['goodput_mbps']} Mbit/s, the law {law['goodput_mbps']}"
     assert falls["wait_p95_ms"] < 0.8 * law["wait_p95_ms"], \
         f"1 s swing: told the falls, queue p95 {falls['wait_p95_ms']} ms; the law {law['wait_p95_ms']} ms"
+
 
 def test_frontier_sets_the_law_against_the_oracle(model):
     """congestion/frontier.py runs both senders on a shipped trace profile, as bench responsiveness
@@ -523,7 +523,6 @@ def test_frontier_runs_the_lab_s_own_stretch(model, capsys):
         assert f"{bad[0]} {bad[1]}" in err, f"the error must name the option and its value: {err}"
 
 
-
 def test_frontier_splits_the_oracle_s_lead_on_request(model, capsys):
     """--split adds the law told the rises and the law told the falls, at every target, between the
     oracle's rows and CUBIC's."""
@@ -533,6 +532,7 @@ def test_frontier_splits_the_oracle_s_lead_on_request(model, capsys):
                           "--split", "--model", model]) == 0
     out = capsys.readouterr().out
     assert all(any(line.split()[:2] == [sender, "30"] for line in out.splitlines()) for sender in frontier.SPLIT), out
+
 
 def test_frontier_names_the_law_s_slowest_requests(model, capsys):
     """--slowest N lists the N requests the law took longest over (the model's --requests lines, one
