@@ -91,6 +91,8 @@ struct radio_sub {
 	__u32 window_id;                   /* counts windows, so a flow counts itself once in each */
 	__u32 qdelay_us;                   /* the standing queue of the last window */
 	__u32 target_us;                   /* the graph's target when the entry was made */
+	__u32 held_us;                     /* the queue its window holds: the target, or more on a long path
+					    * (radio_held_queue); 0 until its first control window */
 	__u32 flows;                       /* sockets open */
 	__u32 id;                          /* which incarnation of the entry: its flows hold it (radio_attached) */
 	__u32 outages;
@@ -101,7 +103,7 @@ struct radio_sub {
 	__u8 win_seen;                     /* RADIO_SEEN_*: whose ACKs the window had (radio_window_blind) */
 	__u8 blind;                        /* windows in a row that were blind, up to 255 */
 	__u8 ts_clock;                     /* RADIO_TS_*: its flows' timestamp clock, as last judged */
-	__u8 pad[3];                       /* (named: pepctl/radio_maps.py's mirror names every byte) */
+	__u8 pad[7];                       /* (named: pepctl/radio_maps.py's mirror names every byte) */
 };
 
 /* radio_flow: a socket's own state, in its icsk_ca_priv (at most 104 bytes). */

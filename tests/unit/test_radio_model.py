@@ -116,6 +116,24 @@ def test_target_is_the_operators(model, tmp_path):
     assert 0.5 * 60 <= long["wait_p50_ms"] <= 1.6 * 60, f"target 60 ms: queue median {long['wait_p50_ms']} ms"
 
 
+def test_a_long_round_trip_holds_a_quarter_of_it(model, tmp_path):
+    """The law follows a rise a round trip late, and the link lives on the queue until it does: a
+    150 ms round trip (3G's) holds a quarter of it, 50 ms the target, and 600 ms (a GEO satellite's)
+    no more than 50 ms (radio_held_queue). 4 Mbit/s down, 2 up, a 1.5 s buffer."""
+    held = {}
+    for one_way in (25, 75, 300):
+        got = run(model, tmp_path, constant(4), constant(2), "--delay", str(one_way), "--limit", "1500")
+        held[one_way] = got["held_ms"]
+        assert 0.7 * got["held_ms"] <= got["wait_p50_ms"] <= 1.5 * got["held_ms"], \
+            f"{2 * one_way} ms RTT: the link's queue (median) {got['wait_p50_ms']} ms, held {got['held_ms']} ms"
+        # (Startup at 600 ms takes 4 s of the 20.)
+        assert got["goodput_mbps"] >= 0.8 * got["offered_mbps"], \
+            f"{2 * one_way} ms RTT: goodput {got['goodput_mbps']} of {got['offered_mbps']} Mbit/s offered"
+    assert held[25] == TARGET_MS, f"50 ms RTT holds the target ({TARGET_MS} ms): {held[25]}"
+    assert 150 / 4 <= held[75] <= 170 / 4, f"150 ms RTT (and the uplink's wait) holds a quarter of it: {held[75]} ms"
+    assert held[300] == 50, f"600 ms RTT holds RADIO_PATH_QUEUE_MAX_US (50 ms): {held[300]}"
+
+
 def test_rate_estimate_not_inflated_by_bursty_delivery(model, tmp_path):
     """25 ms of capacity delivered at once, then nothing: a max filter would read several times the rate."""
     got = run(model, tmp_path, grants(10, 25), constant(5))
