@@ -62,8 +62,8 @@
  * Prints one JSON object: goodput (Mbit/s, and per bulk flow), what the trace
  * offered over the same time, request percentiles (ms), the link queue's
  * delay percentiles, outages the law saw, its control windows, its mean
- * rate estimate (Mbit/s), and the queue its window held at the end (held_ms:
- * the target, or more on a long path; radio_held_queue).
+ * rate estimate (Mbit/s), and the queue its window held at the end
+ * (window_queue_ms: the target, or more on a long path; radio_window_queue).
  */
 #include <errno.h>
 #include <math.h>
@@ -522,7 +522,7 @@ static __u64 oracle_window(__u64 now, __u64 *rate)
 		return 0;
 	*rate = (opportunities_before(&down, &seen_to, to) - opportunities_before(&down, &seen_from, from)) *
 		OPP_BYTES * 1000000 / (to - from);
-	window = *rate * (path_rtt_us + target_us) / 1000000;
+	window = *rate * (path_rtt_us + radio_window_queue(target_us, (__u32)path_rtt_us)) / 1000000;
 	return window < RADIO_WINDOW_MIN_BYTES ? RADIO_WINDOW_MIN_BYTES : window;
 }
 
@@ -1075,12 +1075,12 @@ int main(int argc, char **argv)
 		printf("], \"goodput_mbps\": %.3f, \"requests\": %zu, \"p50_ms\": %.0f, \"p95_ms\": %.0f, "
 		       "\"p99_ms\": %.0f, \"wait_p50_ms\": %.0f, \"wait_p95_ms\": %.0f, \"outages\": %llu, "
 		       "\"windows\": %llu, \"drops_down\": %llu, \"drops_up\": %llu, \"rate_estimate_mbps\": %.3f, "
-		       "\"page_s\": %.3f, \"held_ms\": %g}\n",
+		       "\"page_s\": %.3f, \"window_queue_ms\": %g}\n",
 		       total * 8 / seconds / 1e6, nreq, pct(req_ms, nreq, 50), pct(req_ms, nreq, 95),
 		       pct(req_ms, nreq, 99), pct(qwait, nq, 50), pct(qwait, nq, 95), (unsigned long long)outages,
 		       (unsigned long long)windows, (unsigned long long)down.drops, (unsigned long long)up.drops,
 		       rate_n ? rate_sum / rate_n * 8 / 1e6 : 0.0,
-		       page_end ? (page_end - page_start) / 1e6 : -1.0, sub.held_us / 1000.0);
+		       page_end ? (page_end - page_start) / 1e6 : -1.0, sub.window_queue_us / 1000.0);
 	}
 	return 0;
 }

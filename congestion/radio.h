@@ -91,8 +91,9 @@ struct radio_sub {
 	__u32 window_id;                   /* counts windows, so a flow counts itself once in each */
 	__u32 qdelay_us;                   /* the standing queue of the last window */
 	__u32 target_us;                   /* the graph's target when the entry was made */
-	__u32 held_us;                     /* the queue its window holds: the target, or more on a long path
-					    * (radio_held_queue); 0 until its first control window */
+	__u32 window_queue_us;             /* the queue its window holds: the target, or more on a long path
+					    * (radio_window_queue); 0 until a control window with a queue
+					    * sample, or an overflow, set it */
 	__u32 flows;                       /* sockets open */
 	__u32 id;                          /* which incarnation of the entry: its flows hold it (radio_attached) */
 	__u32 outages;

@@ -11,6 +11,9 @@
  *     each gets an equal share of it (radio_share). A window of
  *     rate x (min RTT + target) keeps `target` of queue in the radio's
  *     buffer, whatever the capacity, and bounds what goes into a dead link.
+ *     On a long round trip the window holds a quarter of it when that is
+ *     more than the target: the link lives on the queue for the round trip
+ *     the law takes to follow a rise (radio_window_queue).
  *   - Every control window (about one minimum RTT, at least 25 ms: radio links
  *     deliver in bursts, and a window must hold several; but no more than 50 ms
  *     or half of one: radio_window_us), the law looks at
@@ -73,8 +76,8 @@
 #define RADIO_JUDGE_FRAMES 4               /* saturation is judged against the target or this many frames' */
 #define RADIO_JUDGE_MAX_US 100000          /* ... time at the rate, but no more than this (radio_judged_target) */
 #define RADIO_FRAME_BYTES 1500
-#define RADIO_PATH_QUEUE_PARTS 4           /* the queue held is the target, or this part of the round trip */
-#define RADIO_PATH_QUEUE_MAX_US 50000      /* ... when longer, but no more than this (radio_held_queue) */
+#define RADIO_PATH_QUEUE_PARTS 4           /* a window holds the target, or this part of the round trip */
+#define RADIO_PATH_QUEUE_MAX_US 50000      /* ... when longer, but no more than this (radio_window_queue) */
 
 /* The standing queue: the window's least RTT above the minimum RTT. */
 static inline __u32 radio_qdelay(__u32 rtt_us, __u32 min_rtt_us)
@@ -112,7 +115,7 @@ static inline __u64 radio_delivery_rate(__u64 delivered, __u64 elapsed_us)
  * is longer than half the target: at 0.5 Mbit/s one frame is 24 ms. Judged against the target alone,
  * that wait read as saturation at a fade's end, and the window held while the capacity tripled (the
  * model, 3g-trace at 20 s: 14-22 ms read where the link's true wait was 1-7). The window still holds
- * the target (radio_next_window): only the judgment moves. */
+ * its queue (radio_window_queue): only the judgment moves. */
 static inline __u32 radio_judged_target(__u32 target_us, __u64 rate)
 {
 	__u64 frames = rate ? RADIO_JUDGE_FRAMES * RADIO_FRAME_BYTES * RADIO_USEC / rate : 0;
@@ -126,8 +129,10 @@ static inline __u32 radio_judged_target(__u32 target_us, __u64 rate)
  * when that is longer (at most RADIO_PATH_QUEUE_MAX_US). The law follows a rise a round trip late and a
  * control window at a time, and until it does the link lives on the queue: on a long path a short
  * target runs dry first. A quarter is what a rise of half again needs for a control window of half
- * the round trip (radio_window_us, radio_next_window's x1.5). Below 120 ms the target rules, so LTE,
- * 5G and the drive hold it as before; 3G's 150 ms (about 156 with its uplink's grants) holds 39 ms.
+ * the round trip (radio_window_us, radio_next_window's x1.5). Below four targets (120 ms at the default)
+ * the target rules, so LTE, 5G and the drive hold it as before; 3G's 150 ms (about 156 with its uplink's
+ * grants) holds 39 ms. Every judgment that reads the queue against the target reads it against this
+ * (radio_judged_target's, startup's end, an overflow's): the law's own queue is no excess.
  * In the lab, 3G alone (pep_radio and end-to-end CUBIC, 3 runs each), goodput over CUBIC's and request
  * p95 over the idle link's: 0.79 and +297 ms at 30 ms (responsiveness-19), 0.86 and +260 at 38
  * (t38-3g), 0.84 and +289 at 40, 0.86 and +346 at 45 (t40-3g, t45-3g); in the model
@@ -135,7 +140,7 @@ static inline __u32 radio_judged_target(__u32 target_us, __u64 rate)
  * the same within 0.005. The cap: a long path whose capacity does not fade within a round trip (a GEO
  * satellite's 600 ms) gains nothing from more (the model, 4 Mbit/s at 600 ms: 3.47 Mbit/s holding
  * 30 ms, 3.49 holding 100, the queue's median 28 and 101 ms). */
-static inline __u32 radio_held_queue(__u32 target_us, __u32 path_us)
+static inline __u32 radio_window_queue(__u32 target_us, __u32 path_us)
 {
 	__u32 part = path_us / RADIO_PATH_QUEUE_PARTS;
 
@@ -168,8 +173,8 @@ static inline __u32 radio_held_queue(__u32 target_us, __u32 path_us)
  *     queue it makes shows a round trip late.
  *   - Otherwise (no flow used it, or a receiver held it back): keep both.
  * path: the round trip without our queue (the minimum RTT, and what the uplink's
- * grants add to it now). queue_us: the target, the queue the window holds; "the target" above, in
- * the judgments, is radio_judged_target's. Returns the window; *rate and *startup are updated in
+ * grants add to it now). queue_us: the queue the window holds (radio_window_queue: the target, or
+ * more on a long path); "the target" above, in the judgments, is radio_judged_target's of it. Returns the window; *rate and *startup are updated in
  * place. */
 static inline __u64 radio_next_window(__u64 window, __u64 *rate, __u8 *startup, __u64 measured,
 				      __u32 path_us, __u32 qdelay_us, __u32 queue_us, __u32 full)
@@ -553,12 +558,12 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
 		if (sub->win_qd_us != ~0U)
 			qd = sub->win_qd_us;
 	} else if (sub->win_lost * RADIO_OVERFLOW_PARTS > sub->win_delivered + sub->win_lost &&
-		   (sub->win_qd_us == ~0U || sub->win_qd_us > sub->target_us)) {
+		   (sub->win_qd_us == ~0U || sub->win_qd_us > radio_window_queue(sub->target_us, min_rtt_us))) {
 		sub->startup = 0;
 		if (measured < sub->rate)
 			sub->rate = measured;
-		sub->held_us = radio_held_queue(sub->target_us, min_rtt_us);
-		sub->window = sub->rate * (min_rtt_us + sub->held_us) / RADIO_USEC;
+		sub->window_queue_us = radio_window_queue(sub->target_us, min_rtt_us);
+		sub->window = sub->rate * (min_rtt_us + sub->window_queue_us) / RADIO_USEC;
 		if (sub->window < RADIO_WINDOW_MIN_BYTES)
 			sub->window = RADIO_WINDOW_MIN_BYTES;
 	} else if (sub->win_qd_us != ~0U) {
@@ -574,9 +579,9 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
 		if (path < min_rtt_us)
 			path = min_rtt_us;
 		qd = sub->win_qd_us;
-		sub->held_us = radio_held_queue(sub->target_us, path);
+		sub->window_queue_us = radio_window_queue(sub->target_us, path);
 		sub->window = radio_next_window(sub->window, &sub->rate, &sub->startup, measured, path, qd,
-						sub->held_us, sub->win_full);
+						sub->window_queue_us, sub->win_full);
 	}
 	if (!sub->startup)
 		sub->resume_window = 0;            /* (startup after an outage met a queue before its end) */
@@ -960,7 +965,7 @@ static inline void radio_on_ack(struct radio_sub *sub, struct radio_flow *f, con
 	 * blind, and on a link that pauses every second (3G's grants) startup would never see the
 	 * queue it makes. */
 	if (sub->startup && !a->app_limited && a->prior_in_flight * 4 >= a->cwnd * 3 &&
-	    sample_qd * 2 < sub->target_us) {
+	    sample_qd * 2 < radio_window_queue(sub->target_us, min_rtt)) {
 		__sync_fetch_and_add(&sub->window, a->acked_bytes);
 		/* After an outage, up to the window the link took before it (radio_after_outage), and on
 		 * from there as the law goes, at the rate it had. */

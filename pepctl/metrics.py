@@ -94,7 +94,7 @@ CATALOGUE = {m.name: m for m in (
     # pep_radio, the access side's congestion control (congestion/radio.h)
     Metric("pep_radio_queue_target_seconds", "gauge", G,
            "queueing delay pep_radio holds in the subscribers' radio buffers ([graph.access] queue_target_ms; "
-           "a round trip over 120 ms holds a quarter of it, up to 50 ms)"),
+           "the least: a long round trip holds more, pepctl subscribers)"),
     Metric("pep_radio_flows_started_total", "counter", G, "access-side connections that started with pep_radio"),
     Metric("pep_radio_flows_ended_total", "counter", G, "access-side connections with pep_radio that ended"),
     Metric("pep_radio_flows_warm_started_total", "counter", G,

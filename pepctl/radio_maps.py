@@ -94,7 +94,7 @@ SUB = Layout("radio_sub", (
     ("inflight", "q"), ("inflight_hi", "q"), ("min_rtt_us", "I"), ("min_rtt_prev_us", "I"),
     ("win_path_sum_us", "Q"),
     *((f, "I") for f in ("win_path_n", "win_qd_us", "win_bulk", "win_full", "bulk", "bulk_last", "window_id",
-                         "qdelay_us", "target_us", "held_us", "flows", "id", "outages", "epoch")),
+                         "qdelay_us", "target_us", "window_queue_us", "flows", "id", "outages", "epoch")),
     *((f"rtt_rise.{f}", "I") for f in ("drain_ms", "least_us", "before_us")),
     *((f, "B") for f in ("startup", "draining", "win_seen", "blind", "ts_clock")),
     ("pad", "7s"),
@@ -219,9 +219,9 @@ def subscriber_view(sub: dict, now: int) -> dict:
     return {"graph": sub["graph"], "address": sub["address"], "state": state, "flows": sub["flows"],
             "rate_bytes_per_second": sub["rate"], "window_bytes": sub["window"],
             "in_flight_bytes": max(sub["inflight"], 0), "min_rtt_seconds": min_rtt / 1e6 if min_rtt else None,
-            "queue_delay_seconds": sub["qdelay_us"] / 1e6,
-            # What its window holds (the target, or more on a long path: radio_held_queue), once it has one.
-            "queue_target_seconds": (sub["held_us"] or sub["target_us"]) / 1e6,
+            "queue_delay_seconds": sub["qdelay_us"] / 1e6, "queue_target_seconds": sub["target_us"] / 1e6,
+            # What its window holds (the target, or more on a long path: radio_window_queue), once it has one.
+            "queue_window_seconds": (sub["window_queue_us"] or sub["target_us"]) / 1e6,
             "outages": sub["outages"], "heard_seconds_ago": heard_us / 1e6,
             "timestamp_clock": TS_CLOCKS.get(sub["ts_clock"], f"unknown({sub['ts_clock']})")}
 

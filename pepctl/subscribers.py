@@ -93,14 +93,14 @@ def print_table(report: dict, out) -> None:
     subs = report["subscribers"]
     if subs:
         print(f"{'graph':<12} {'subscriber':<26} {'state':<8} {'flows':>5} {'rate Mbit/s':>11} {'window KB':>9} "
-              f"{'in flight KB':>12} {'min RTT ms':>10} {'queue ms':>8} {'target':>6} {'outages':>7} {'heard':>9}",
+              f"{'in flight KB':>12} {'min RTT ms':>10} {'queue ms':>8} {'holds':>6} {'outages':>7} {'heard':>9}",
               file=out)
     for v in subs:
         rtt = "-" if v["min_rtt_seconds"] is None else f"{v['min_rtt_seconds'] * 1000:.1f}"
         print(f"{v['graph']:<12} {v['address']:<26} {v['state']:<8} {v['flows']:>5} "
               f"{v['rate_bytes_per_second'] * 8 / 1e6:>11.2f} {v['window_bytes'] / 1000:>9.1f} "
               f"{v['in_flight_bytes'] / 1000:>12.1f} {rtt:>10} {v['queue_delay_seconds'] * 1000:>8.0f} "
-              f"{v['queue_target_seconds'] * 1000:>6.0f} {v['outages']:>7} {v['heard_seconds_ago']:>7.1f} s",
+              f"{v['queue_window_seconds'] * 1000:>6.0f} {v['outages']:>7} {v['heard_seconds_ago']:>7.1f} s",
               file=out)
     shown, count = len(subs), report["count"]
     if shown < count:

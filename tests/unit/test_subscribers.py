@@ -21,7 +21,7 @@ NOW = 1_000_000_000
 
 def entry(**fields) -> dict:
     """A radio_subs entry as read_subscribers gives it: the mirror's bytes, unpacked."""
-    values = {name: 0 for name, _ in rm.SUB.fields} | {"pad": bytes(3)} | fields
+    values = {name: 0 for name, _ in rm.SUB.fields} | {"pad": bytes(7)} | fields
     raw = rm.SUB.pack(**values)
     return {"graph": "pep", "address": "198.18.0.10", **rm.SUB.unpack(raw, "test")}
 
@@ -45,7 +45,17 @@ def test_an_entry_reads_as_its_estimate():
     assert view == {"graph": "pep", "address": "198.18.0.10", "state": "steady", "flows": 3,
                     "rate_bytes_per_second": 2_500_000, "window_bytes": 150_000, "in_flight_bytes": 90_000,
                     "min_rtt_seconds": 0.0505, "queue_delay_seconds": 0.021, "queue_target_seconds": 0.03,
-                    "outages": 2, "heard_seconds_ago": 0.4, "timestamp_clock": "ms"}, view
+                    "queue_window_seconds": 0.03, "outages": 2, "heard_seconds_ago": 0.4, "timestamp_clock": "ms"}, view
+
+
+def test_a_long_round_trip_s_entry_shows_the_queue_its_window_holds():
+    """On 3G's round trip the window holds more than the target (radio_window_queue): the entry says
+    both, and before its first control window set it, the target."""
+    view = rm.subscriber_view(entry(target_us=30_000, window_queue_us=39_000, min_rtt_us=150_000,
+                                    last_ack_us=NOW), NOW)
+    assert (view["queue_target_seconds"], view["queue_window_seconds"]) == (0.03, 0.039), view
+    view = rm.subscriber_view(entry(target_us=30_000, min_rtt_us=150_000, last_ack_us=NOW), NOW)
+    assert view["queue_window_seconds"] == 0.03, view
 
 
 @pytest.mark.parametrize("fields, state", [
