@@ -133,11 +133,8 @@ static inline __u32 radio_judged_target(__u32 target_us, __u64 rate)
  * the target rules, so LTE, 5G and the drive hold it as before; 3G's 150 ms (about 156 with its uplink's
  * grants) holds 39 ms. Every judgment that reads the queue against the target reads it against this
  * (radio_judged_target's, startup's end, an overflow's): the law's own queue is no excess.
- * In the lab, 3G alone (pep_radio and end-to-end CUBIC, 3 runs each), goodput over CUBIC's and request
- * p95 over the idle link's: 0.79 and +297 ms at 30 ms (responsiveness-19), 0.86 and +260 at 38
- * (t38-3g), 0.84 and +289 at 40, 0.86 and +346 at 45 (t40-3g, t45-3g); in the model
- * (`congestion.frontier`, 24 starts), 0.764 and +395 before, 0.791 and +409 with it, the other traces
- * the same within 0.005. The cap: a long path whose capacity does not fade within a round trip (a GEO
+ * On 3G, goodput over end-to-end CUBIC's went from 0.73-0.79 to 0.82-0.87 in the lab, the request p95
+ * staying near its bar; the runs are in congestion/README.md ("3G: the frontier"). The cap: a long path whose capacity does not fade within a round trip (a GEO
  * satellite's 600 ms) gains nothing from more (the model, 4 Mbit/s at 600 ms: 3.47 Mbit/s holding
  * 30 ms, 3.49 holding 100, the queue's median 28 and 101 ms). */
 static inline __u32 radio_window_queue(__u32 target_us, __u32 path_us)
@@ -174,8 +171,8 @@ static inline __u32 radio_window_queue(__u32 target_us, __u32 path_us)
  *   - Otherwise (no flow used it, or a receiver held it back): keep both.
  * path: the round trip without our queue (the minimum RTT, and what the uplink's
  * grants add to it now). queue_us: the queue the window holds (radio_window_queue: the target, or
- * more on a long path); "the target" above, in the judgments, is radio_judged_target's of it. Returns the window; *rate and *startup are updated in
- * place. */
+ * more on a long path); "the target" above, in the judgments, is radio_judged_target's of it.
+ * Returns the window; *rate and *startup are updated in place. */
 static inline __u64 radio_next_window(__u64 window, __u64 *rate, __u8 *startup, __u64 measured,
 				      __u32 path_us, __u32 qdelay_us, __u32 queue_us, __u32 full)
 {
@@ -545,6 +542,7 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
 {
 	__u64 elapsed = now_us - start_us;
 	__u64 measured = radio_delivery_rate(sub->win_delivered, elapsed);
+	__u32 overflow_queue = radio_window_queue(sub->target_us, min_rtt_us);   /* (an overflow's window: below) */
 	__u32 qd = sub->qdelay_us;
 
 	/* A fifth of what the window sent lost, and a queue over the target or none
@@ -558,11 +556,11 @@ static inline void radio_end_window(struct radio_sub *sub, __u64 start_us, __u64
 		if (sub->win_qd_us != ~0U)
 			qd = sub->win_qd_us;
 	} else if (sub->win_lost * RADIO_OVERFLOW_PARTS > sub->win_delivered + sub->win_lost &&
-		   (sub->win_qd_us == ~0U || sub->win_qd_us > radio_window_queue(sub->target_us, min_rtt_us))) {
+		   (sub->win_qd_us == ~0U || sub->win_qd_us > overflow_queue)) {
 		sub->startup = 0;
 		if (measured < sub->rate)
 			sub->rate = measured;
-		sub->window_queue_us = radio_window_queue(sub->target_us, min_rtt_us);
+		sub->window_queue_us = overflow_queue;
 		sub->window = sub->rate * (min_rtt_us + sub->window_queue_us) / RADIO_USEC;
 		if (sub->window < RADIO_WINDOW_MIN_BYTES)
 			sub->window = RADIO_WINDOW_MIN_BYTES;

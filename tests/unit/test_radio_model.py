@@ -119,7 +119,7 @@ def test_target_is_the_operators(model, tmp_path):
 def test_a_long_round_trip_holds_a_quarter_of_it(model, tmp_path):
     """The law follows a rise a round trip late, and the link lives on the queue until it does: a
     150 ms round trip (3G's) holds a quarter of it, 50 ms the target, and 600 ms (a GEO satellite's)
-    no more than 50 ms (radio_window_queue), and 200 ms at a 20 ms target a quarter too (the target is
+    no more than 50 ms (radio_window_queue), and 100 ms at a 20 ms target a quarter too (the target is
     the floor, not a constant). 4 Mbit/s down, 2 up, a 1.5 s buffer."""
     held = {}
     for one_way in (25, 75, 300):
